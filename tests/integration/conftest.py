@@ -1,0 +1,137 @@
+"""The real mesh for integration tests: registry and dispatcher as separate processes on
+127.0.0.1 (free ports), an OTLP span receiver in the test process, and sync gRPC stubs."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from shared.db.engine import upgrade
+from shared.launcher import ServiceProcess, service_env, start_service
+from shared.telemetry.collector import CollectorThread, MemorySpanSink
+from tests.conftest import BACKENDS, fresh_database_url
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
+from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+@dataclass
+class Mesh:
+    """A running mesh and clients to it."""
+
+    backend: str
+    database_url: str
+    data_dir: Path
+    files_dir: Path
+    env: dict[str, str]
+    spans: MemorySpanSink
+    processes: dict[str, ServiceProcess] = field(default_factory=dict)
+    channels: list[grpc.Channel] = field(default_factory=list)
+
+    def address(self, service: str) -> str:
+        return self.processes[service].address
+
+    def _channel(self, service: str) -> grpc.Channel:
+        ch = grpc.insecure_channel(self.address(service))
+        self.channels.append(ch)
+        return ch
+
+    @property
+    def dispatcher(self) -> dispatcher_pb2_grpc.DispatcherServiceStub:
+        return dispatcher_pb2_grpc.DispatcherServiceStub(self._channel("dispatcher"))
+
+    @property
+    def registry(self) -> registry_pb2_grpc.RegistryServiceStub:
+        return registry_pb2_grpc.RegistryServiceStub(self._channel("registry"))
+
+    def call(
+        self,
+        name: str,
+        input_json: str = "{}",
+        *,
+        conversation: str = "conv",
+        tenant: str = "tenant-a",
+        tool_use_id: str = "",
+        capabilities: tuple[str, ...] = (),
+        timeout: float = 60,
+    ) -> dpb.DispatchToolCallResponse:
+        return self.dispatcher.DispatchToolCall(
+            dpb.DispatchToolCallRequest(
+                tool_use=pb.ToolUse(id=tool_use_id, name=name, input_json=input_json),
+                context=pb.CallContext(
+                    tenant_id=tenant,
+                    user_id="tester",
+                    conversation_id=conversation,
+                    capabilities=list(capabilities),
+                ),
+            ),
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+
+
+def start_mesh(
+    backend: str, database_url: str, tmp: Path, spans: MemorySpanSink, collector_port: int
+) -> Mesh:
+    data_dir = tmp / "data"
+    files = data_dir / "files"
+    files.mkdir(parents=True)
+    for fixture in FIXTURES.glob("*"):
+        shutil.copy(fixture, files / fixture.name)
+    upgrade(database_url)
+    env = service_env(
+        TOOLMESH_DATA_DIR=str(data_dir),
+        TOOLMESH_DATABASE_URL=database_url,
+        TOOLMESH_DATA_ROOTS=str(files),
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"127.0.0.1:{collector_port}",
+        TOOLMESH_TRACING="1",
+        TOOLMESH_LOG_LEVEL="INFO",
+        TOOLMESH_SHUTDOWN_GRACE_S="2",
+    )
+    for key in ("TOOLMESH_REGISTRY_ADDR", "TOOLMESH_DISPATCHER_ADDR"):
+        env.pop(key, None)
+    mesh = Mesh(backend, database_url, data_dir, files, env, spans)
+    try:
+        mesh.processes["registry"] = start_service("registry", env=env, port=0)
+        env["TOOLMESH_REGISTRY_ADDR"] = mesh.address("registry")
+        mesh.processes["dispatcher"] = start_service("dispatcher", env=env, port=0)
+    except Exception:
+        mesh.close()
+        raise
+    return mesh
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[tuple[MemorySpanSink, int]]:
+    sink = MemorySpanSink()
+    thread = CollectorThread(sink)
+    port = thread.start()
+    yield sink, port
+    thread.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def mesh(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: tuple[MemorySpanSink, int],
+) -> Iterator[Mesh]:
+    tmp = tmp_path_factory.mktemp(f"mesh-{request.param}")
+    url = fresh_database_url(request, request.param, str(tmp))
+    sink, port = collector
+    m = start_mesh(request.param, url, tmp, sink, port)
+    yield m
+    m.close()

@@ -1,0 +1,218 @@
+"""A tool call through the real mesh: dispatcher -> registry -> handler, logged and traced."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from tests.integration.conftest import Mesh
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.type.v1 import types_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+
+def error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    for key, value in exc.trailing_metadata() or ():  # type: ignore[attr-defined]
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info
+    raise AssertionError("no ErrorInfo in the status details")
+
+
+def test_ping_answers_ok_with_the_echo_and_integers_intact(mesh: Mesh) -> None:
+    response = mesh.call("ping", '{"echo": {"n": 3, "big": 9007199254740993}}')
+    assert response.result.envelope.WhichOneof("kind") == "ok"
+    data = json.loads(response.result.envelope.ok.data_json)
+    assert data == {"pong": True, "echo": {"n": 3, "big": 9007199254740993}}
+    assert len(response.args_hash) == 16
+    assert response.tool_use_id.startswith("toolu_")
+    assert response.duration_ms > 0
+
+
+def test_args_hash_is_stable_across_key_order_and_ignores_reasoning(mesh: Mesh) -> None:
+    a = mesh.call("ping", '{"echo": {"x": 1, "y": 2}}')
+    b = mesh.call("ping", '{"echo": {"y": 2, "x": 1}, "reasoning": "because"}')
+    c = mesh.call("ping", '{"echo": {"x": 1, "y": 3}}')
+    assert a.args_hash == b.args_hash != c.args_hash
+
+
+def test_an_unknown_tool_is_not_found_naming_the_closest_tools(mesh: Mesh) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("pnig", conversation="unknown-tool")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    info = error_info(caught.value)
+    assert info.reason == "TOOL_NOT_FOUND"
+    assert info.domain == "toolmesh.dev"
+    assert "ping" in info.metadata["suggestions"].split(",")
+
+
+def test_a_failed_call_is_still_logged(mesh: Mesh) -> None:
+    with pytest.raises(grpc.RpcError):
+        mesh.call("no_such_tool", conversation="logged-failure")
+    entries = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="logged-failure", limit=5)
+    ).entries
+    assert [(e.tool_name, e.success) for e in entries] == [("no_such_tool", False)]
+    assert "NOT_FOUND" in entries[0].error
+
+
+@pytest.mark.parametrize("payload", ["[1, 2]", "42", '"text"', "{not json", "null"])
+def test_input_that_is_not_a_json_object_is_invalid_argument(mesh: Mesh, payload: str) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("ping", payload)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason in {"INPUT_NOT_JSON", "INPUT_NOT_OBJECT"}
+
+
+def test_an_empty_tool_name_is_invalid_argument(mesh: Mesh) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_input_over_the_size_limit_is_invalid_argument(mesh: Mesh) -> None:
+    big = json.dumps({"echo": "x" * (4 * 1024 * 1024 + 10)})
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("ping", big)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason == "INPUT_TOO_LARGE"
+
+
+def test_a_schema_violation_is_a_schema_hint_naming_the_field(mesh: Mesh) -> None:
+    result = mesh.call("ping", '{"delay_ms": "soon"}').result
+    assert result.envelope.WhichOneof("kind") == "hint"
+    assert result.envelope.hint.hint_kind == pb.HINT_KIND_SCHEMA
+    assert "delay_ms" in result.envelope.hint.message
+    assert result.content.startswith("⚠ schema hint:")
+    assert result.error == ""
+
+
+def test_an_unknown_input_field_hints_the_closest_allowed_field(mesh: Mesh) -> None:
+    hint = mesh.call("ping", '{"ecko": 1}').result.envelope.hint
+    assert hint.hint_kind == pb.HINT_KIND_SCHEMA
+    assert hint.alternatives[0].label == "echo"
+
+
+def test_a_handler_that_raises_is_an_err_result_and_the_service_keeps_serving(mesh: Mesh) -> None:
+    failed = mesh.call("ping", '{"fail": "raise"}', conversation="raises")
+    assert failed.result.envelope.WhichOneof("kind") == "err"
+    assert failed.result.envelope.err.err_kind == "PingFailure"
+    assert failed.result.content.startswith("✗ error (PingFailure):")
+    assert failed.result.error
+    assert mesh.call("ping").result.envelope.WhichOneof("kind") == "ok"
+    entries = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="raises")
+    ).entries
+    assert not entries[0].success
+    assert "asked to raise" in entries[0].error
+
+
+def test_a_legacy_error_string_is_coerced_to_err_legacy(mesh: Mesh) -> None:
+    env = mesh.call("ping", '{"fail": "error"}').result.envelope
+    assert env.err.err_kind == "legacy"
+
+
+def test_a_hint_exception_is_a_hint_and_counts_as_success(mesh: Mesh) -> None:
+    response = mesh.call("ping", '{"fail": "hint"}', conversation="hinted")
+    assert response.result.envelope.hint.hint_kind == pb.HINT_KIND_FETCH
+    entries = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="hinted")
+    ).entries
+    assert entries[0].success
+
+
+def test_every_call_writes_a_log_row_and_full_conversation_events(mesh: Mesh) -> None:
+    big = "é" * 40_000  # over the 32 KB inline limit once encoded: lands in the blob table
+    response = mesh.call(
+        "ping",
+        json.dumps({"echo": big, "reasoning": "to test"}),
+        conversation="events",
+        tool_use_id="toolu_events_1",
+    )
+    entries = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="events")
+    ).entries
+    assert len(entries) == 1
+    entry = entries[0]
+    assert entry.tool_use_id == "toolu_events_1"
+    assert entry.tenant_id == "tenant-a"
+    assert entry.success
+    assert len(entry.output_summary) == 500
+    assert entry.args_hash == response.args_hash
+    assert len(entry.trace_id) == 32
+    events = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(conversation_id="events", tenant_id="tenant-a")
+    ).events
+    assert [e.event_type for e in events] == ["tool_call", "tool_result"]
+    call, result = (json.loads(e.data_json) for e in events)
+    assert call["input"]["echo"] == big
+    assert call["reasoning"] == "to test"
+    assert result["content"] == response.result.content  # untruncated
+    assert result["envelope"] == "ok"
+
+
+def test_a_batch_runs_concurrently_and_answers_in_input_order(mesh: Mesh) -> None:
+    uses = [
+        pb.ToolUse(id=f"b{i}", name="ping", input_json=json.dumps({"echo": i, "delay_ms": 300}))
+        for i in range(10)
+    ]
+    uses.append(pb.ToolUse(id="b-missing", name="no_such_tool", input_json="{}"))
+    response = mesh.dispatcher.DispatchToolCalls(
+        dpb.DispatchToolCallsRequest(
+            tool_uses=uses, context=pb.CallContext(tenant_id="tenant-a", conversation_id="batch")
+        ),
+        timeout=60,
+    )
+    assert [r.tool_use_id for r in response.results] == [u.id for u in uses]
+    for i, r in enumerate(response.results[:10]):
+        assert json.loads(r.result.envelope.ok.data_json)["echo"] == i
+    assert response.results[10].result.envelope.err.err_kind == "tool_not_found"
+    # Concurrency: ten 300 ms calls take far less than their 3 s sum.
+    assert max(r.duration_ms for r in response.results) < 3000
+
+
+def test_a_batch_with_duplicate_ids_is_invalid_argument(mesh: Mesh) -> None:
+    uses = [pb.ToolUse(id="same", name="ping", input_json="{}") for _ in range(2)]
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.dispatcher.DispatchToolCalls(dpb.DispatchToolCallsRequest(tool_uses=uses))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_call_is_one_trace_across_processes(mesh: Mesh) -> None:
+    response = mesh.call("compose_ping", '{"echo": "nested"}', conversation="traced")
+    assert json.loads(response.result.envelope.ok.data_json)["inner"]["echo"] == "nested"
+    entry = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="traced")
+    ).entries[0]
+    trace_id = entry.trace_id
+    root_name = "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall"
+    # dispatcher: SERVER + CLIENT; registry: SERVER, execute_tool, CLIENT, SERVER, execute_tool.
+    spans = mesh.spans.wait_for_sync(lambda s: s.trace_id == trace_id, timeout=15, count=7)
+    by_id = {s.span_id: s for s in spans}
+    services = {s.service_name for s in spans}
+    assert {"toolmesh-dispatcher", "toolmesh-registry"} <= services
+    outer = next(s for s in spans if s.name == "execute_tool compose_ping")
+    inner = next(s for s in spans if s.name == "execute_tool ping")
+    assert outer.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert outer.attributes["gen_ai.tool.call.id"] == response.tool_use_id
+    # The inner execute_tool descends from the outer one through a client/server hop.
+    chain = []
+    cursor = inner
+    while cursor.parent_span_id in by_id:
+        cursor = by_id[cursor.parent_span_id]
+        chain.append((cursor.name, cursor.kind))
+    assert ("execute_tool compose_ping", "INTERNAL") in chain
+    assert ("toolmesh.registry.v1.RegistryService/ExecuteTool", "SERVER") in chain
+    assert ("toolmesh.registry.v1.RegistryService/ExecuteTool", "CLIENT") in chain
+    root = cursor
+    assert root.name == root_name
+    assert root.kind == "SERVER"
+    assert root.service_name == "toolmesh-dispatcher"

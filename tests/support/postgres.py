@@ -1,0 +1,306 @@
+"""A throw-away PostgreSQL server for tests: Debian's `postgresql` binaries, a temp directory, a
+free loopback port, trust authentication, durability off. Installs the package when it is
+missing and we are root; runs the server as the `postgres` user when we are root (PostgreSQL
+refuses to run as root)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from sqlalchemy.engine import make_url
+
+logger = logging.getLogger(__name__)
+
+SUPERUSER = "toolmesh"
+DEFAULT_DBNAME = "toolmesh"
+_RUN_AS = "postgres"
+_PG_ROOT = "/usr/lib/postgresql"
+_START_TIMEOUT_S = 60.0
+_START_ATTEMPTS = 3  # a free port can be taken between probing it and the server binding it
+_DBNAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class PostgresSetupError(RuntimeError):
+    """The test PostgreSQL server could not be installed, initialised or started."""
+
+
+@dataclass(frozen=True)
+class _Binaries:
+    initdb: Path
+    pg_ctl: Path
+
+
+def _find_binaries() -> _Binaries | None:
+    """initdb/pg_ctl of the highest installed major version (never whatever is on PATH)."""
+    candidates: list[tuple[tuple[int, ...], Path]] = []
+    for initdb in glob.glob(f"{_PG_ROOT}/*/bin/initdb"):
+        bindir = Path(initdb).parent
+        version = bindir.parent.name
+        if not (bindir / "pg_ctl").exists():
+            continue
+        try:
+            key = tuple(int(part) for part in version.split("."))
+        except ValueError:
+            continue
+        candidates.append((key, bindir))
+    if not candidates:
+        return None
+    _, bindir = max(candidates)
+    return _Binaries(initdb=bindir / "initdb", pg_ctl=bindir / "pg_ctl")
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _install_postgresql() -> None:
+    logger.info("installing the postgresql package with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (
+        ["apt-get", "update"],
+        ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
+    ):
+        proc = subprocess.run(
+            cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise PostgresSetupError(
+                f"{' '.join(cmd)} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}"
+            )
+
+
+def ensure_binaries() -> _Binaries:
+    """Find the PostgreSQL server binaries, installing Debian's package if we are root."""
+    found = _find_binaries()
+    if found is not None:
+        return found
+    if not _is_root():
+        raise PostgresSetupError(
+            f"PostgreSQL server binaries not found under {_PG_ROOT}/<version>/bin and not "
+            "running as root, so they cannot be installed: run "
+            "'sudo apt-get install -y postgresql' or deselect these tests with -m 'not postgres'"
+        )
+    if shutil.which("apt-get") is None:
+        raise PostgresSetupError(
+            f"PostgreSQL server binaries not found under {_PG_ROOT} and apt-get is not available"
+        )
+    _install_postgresql()
+    found = _find_binaries()
+    if found is None:
+        raise PostgresSetupError(
+            f"apt-get installed postgresql but no {_PG_ROOT}/*/bin/initdb + pg_ctl were found"
+        )
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _Runner:
+    """Runs the server binaries as ourselves, or as `postgres` via runuser when we are root."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.prefix: list[str] = []
+        if _is_root():
+            try:
+                pw = pwd.getpwnam(_RUN_AS)
+            except KeyError as exc:
+                raise PostgresSetupError(
+                    f"running as root but there is no {_RUN_AS!r} system user to run "
+                    "PostgreSQL as (the Debian postgresql package creates it)"
+                ) from exc
+            runuser = shutil.which("runuser")
+            if runuser is not None:
+                self.prefix = [runuser, "-u", _RUN_AS, "--"]
+            else:
+                setpriv = shutil.which("setpriv")
+                if setpriv is None:
+                    raise PostgresSetupError(
+                        "running as root but neither runuser nor setpriv exist"
+                    )
+                self.prefix = [
+                    setpriv,
+                    f"--reuid={pw.pw_uid}",
+                    f"--regid={pw.pw_gid}",
+                    "--init-groups",
+                    "--",
+                ]
+            self._chown_tree(workdir, pw.pw_uid, pw.pw_gid)
+
+    @staticmethod
+    def _chown_tree(root: Path, uid: int, gid: int) -> None:
+        os.chown(root, uid, gid)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in (*dirnames, *filenames):
+                os.chown(os.path.join(dirpath, name), uid, gid)
+
+    def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith("PG") and not key.startswith("LC_") and key != "LANG"
+        }
+        env["LC_ALL"] = "C"
+        return subprocess.run(
+            [*self.prefix, *argv],
+            cwd=self.workdir,  # the postgres user may not be able to read our cwd
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def _conninfo(port: int, dbname: str) -> str:
+    return make_conninfo(host="127.0.0.1", port=port, user=SUPERUSER, dbname=dbname)
+
+
+def _url(port: int, dbname: str) -> str:
+    return f"postgresql+psycopg://{SUPERUSER}@127.0.0.1:{port}/{dbname}"
+
+
+def _wait_accepting(port: int, deadline: float, log_file: Path) -> None:
+    last_error = ""
+    while True:
+        try:
+            with psycopg.connect(_conninfo(port, "postgres"), connect_timeout=2) as conn:
+                conn.execute("select 1")
+            return
+        except psycopg.OperationalError as exc:
+            last_error = str(exc).strip()
+        if time.monotonic() >= deadline:
+            raise PostgresSetupError(
+                f"PostgreSQL on 127.0.0.1:{port} did not accept connections in time "
+                f"({last_error}); server log:\n{_tail(log_file)}"
+            )
+        time.sleep(0.05)
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return "(no server log)"
+
+
+def _check_dbname(name: str) -> None:
+    if not _DBNAME_RE.match(name):
+        raise ValueError(f"database name {name!r} must match {_DBNAME_RE.pattern}")
+
+
+def _create(conninfo: str, name: str) -> None:
+    _check_dbname(name)
+    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """Create a fresh database `name` on the server of `admin_url`; return its SQLAlchemy URL."""
+    url = make_url(admin_url)
+    conninfo = make_conninfo(
+        host=url.host or "127.0.0.1",
+        port=url.port or 5432,
+        user=url.username or SUPERUSER,
+        password=url.password or None,
+        dbname="postgres",
+    )
+    _create(conninfo, name)
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+def _kill_postmaster(data_dir: Path) -> None:
+    """Last resort when pg_ctl stop fails: SIGKILL the pid in postmaster.pid."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _start(runner: _Runner, pg: _Binaries, data_dir: Path, sock_dir: Path, log_file: Path) -> int:
+    """Start the server on a free port (retrying if the port is taken); return the port."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        port = _free_port()
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {port} -k {shlex.quote(str(sock_dir))} "
+            "-c fsync=off -c full_page_writes=off -c synchronous_commit=off"
+        )
+        argv = [str(pg.pg_ctl), "-D", str(data_dir), "-l", str(log_file), "-o", options]
+        argv += ["-w", "-t", str(int(_START_TIMEOUT_S)), "start"]
+        proc = runner.run(argv, timeout=_START_TIMEOUT_S + 10)
+        if proc.returncode == 0:
+            return port
+        log = _tail(log_file)
+        if "could not bind" in log or "Address already in use" in log:
+            logger.warning("port %d taken (attempt %d), retrying on another", port, attempt)
+            continue
+        raise PostgresSetupError(
+            f"pg_ctl start failed (exit {proc.returncode}): {proc.stdout}{proc.stderr}\n"
+            f"server log:\n{log}"
+        )
+    raise PostgresSetupError(f"no free port after {_START_ATTEMPTS} attempts")
+
+
+@contextlib.contextmanager
+def postgres_server(dbname: str = DEFAULT_DBNAME) -> Iterator[str]:
+    """Start a throw-away PostgreSQL server; yield the SQLAlchemy URL of a fresh `dbname`.
+
+    The server listens on 127.0.0.1 only, has trust authentication for superuser `toolmesh`,
+    keeps its data in a temp directory and is stopped and removed on exit.
+    """
+    _check_dbname(dbname)
+    pg = ensure_binaries()
+    workdir = Path(tempfile.mkdtemp(prefix="toolmesh-pg-"))
+    data_dir, sock_dir, log_file = workdir / "data", workdir / "sock", workdir / "postgres.log"
+    sock_dir.mkdir()
+    started = False
+    try:
+        runner = _Runner(workdir)
+        initdb = [str(pg.initdb), "-D", str(data_dir), "-A", "trust", "-U", SUPERUSER]
+        initdb += ["--no-sync", "--encoding=UTF8", "--locale=C"]
+        init = runner.run(initdb, timeout=120)
+        if init.returncode != 0:
+            raise PostgresSetupError(
+                f"initdb failed (exit {init.returncode}): {init.stdout}{init.stderr}"
+            )
+        started = True  # from here on a stop attempt is needed even if start half-worked
+        port = _start(runner, pg, data_dir, sock_dir, log_file)
+        _wait_accepting(port, time.monotonic() + _START_TIMEOUT_S, log_file)
+        _create(_conninfo(port, "postgres"), dbname)
+        logger.info("test PostgreSQL listening on 127.0.0.1:%d (%s)", port, workdir)
+        yield _url(port, dbname)
+    finally:
+        if started:
+            stop = runner.run(
+                [str(pg.pg_ctl), "-D", str(data_dir), "-m", "immediate", "-w", "stop"], timeout=60
+            )
+            if stop.returncode != 0 and (data_dir / "postmaster.pid").exists():
+                logger.warning("pg_ctl stop failed: %s%s", stop.stdout, stop.stderr)
+                _kill_postmaster(data_dir)
+        shutil.rmtree(workdir, ignore_errors=True)
