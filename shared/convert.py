@@ -187,7 +187,10 @@ def effects_to_pb(fx: Effects) -> pb.Effects:
 def envelope_to_pb(env: Envelope, *, include_datasets: bool = True) -> pb.Envelope:
     if isinstance(env, Ok):
         data_json = ""
-        if env.data is not None and not isinstance(env.data, pd.DataFrame):
+        table = None
+        if isinstance(env.data, pd.DataFrame):
+            table = dataset_to_pb("", env.data)
+        elif env.data is not None:
             data_json = dumps(_jsonable(env.data))
         fx = (
             env.effects
@@ -206,6 +209,7 @@ def envelope_to_pb(env: Envelope, *, include_datasets: bool = True) -> pb.Envelo
                     for w in env.warnings
                 ],
                 effects=effects_to_pb(fx),
+                table=table,
             )
         )
     if isinstance(env, Hint):
@@ -226,10 +230,15 @@ def envelope_from_pb(m: pb.Envelope) -> Envelope:
     kind = m.WhichOneof("kind")
     if kind == "ok":
         ok = m.ok
+        data: Any = None
+        if ok.HasField("table"):
+            data = ipc_to_dataframe(ok.table.arrow_ipc)
+        elif ok.data_json:
+            data = json.loads(ok.data_json)
         return Ok(
             rows=ok.rows,
             schema=[column_from_pb(c) for c in ok.schema],
-            data=json.loads(ok.data_json) if ok.data_json else None,
+            data=data,
             warnings=[
                 Warning(kind=w.kind, message=w.message, details=from_struct(w.details))
                 for w in ok.warnings

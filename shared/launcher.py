@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from shared.service_main import READY_EVENT
+from shared.service_main import EXIT_WITH_PARENT_ENV, READY_EVENT
 
 
 class LaunchError(RuntimeError):
@@ -127,4 +127,6 @@ def service_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict
     env = dict(os.environ if base is None else base)
     env.update(overrides)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A launched service stops by itself when its launcher dies (see shared.server).
+    env.setdefault(EXIT_WITH_PARENT_ENV, "1")
     return env

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared.errors import Internal, ToolmeshError
 from shared.rpc_errors import to_status_code, trailing_metadata
+from shared.service_main import EXIT_WITH_PARENT_ENV
 from shared.telemetry.tracing import current_trace_id, extract_context, tracer
 
 logger = logging.getLogger(__name__)
@@ -171,22 +173,46 @@ async def create_server(
     return server, bound, health_servicer
 
 
-async def serve_until_signalled(
-    server: grpc.aio.Server,
-    health_servicer: health.aio.HealthServicer,
-    *,
-    grace_s: float,
-    on_stop: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT, then report NOT_SERVING, drain in-flight calls for up to
-    `grace_s` seconds, and run `on_stop`."""
+async def _watch_parent(stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    """Stop when the launching process is gone (we get re-parented)."""
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(interval_s)
+        if os.getppid() != parent:
+            logger.warning("launcher (pid %d) is gone; shutting down", parent)
+            stop.set()
+
+
+def install_stop_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT. Install it before announcing readiness, so a signal
+    that arrives right after start-up still stops the service gracefully."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_signalled(
+    server: grpc.aio.Server,
+    health_servicer: health.aio.HealthServicer,
+    stop: asyncio.Event,
+    *,
+    grace_s: float,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until `stop` is set (see install_stop_signals), then report NOT_SERVING, drain
+    in-flight calls for up to `grace_s` seconds, and run `on_stop`."""
     waiter = asyncio.ensure_future(server.wait_for_termination())
     stopper = asyncio.ensure_future(stop.wait())
+    watcher = (
+        asyncio.ensure_future(_watch_parent(stop))
+        if os.environ.get(EXIT_WITH_PARENT_ENV) == "1"
+        else None
+    )
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if watcher is not None:
+        watcher.cancel()
     logger.info("shutting down (grace %.1fs)", grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(grace_s)

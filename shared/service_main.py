@@ -15,6 +15,9 @@ from shared.errors import ToolmeshError
 logger = logging.getLogger(__name__)
 
 READY_EVENT = "ready"
+# Set by the launcher: the service stops gracefully when the process that started it is gone,
+# so a killed `toolmesh up` or test run never leaves services behind.
+EXIT_WITH_PARENT_ENV = "TOOLMESH_EXIT_WITH_PARENT"
 
 
 def announce_ready(service: str, address: str) -> None:

@@ -11,7 +11,12 @@ from services.dispatcher.servicer import DispatcherServicer, GrpcRegistryGateway
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory
-from shared.server import ServiceBinding, create_server, serve_until_signalled
+from shared.server import (
+    ServiceBinding,
+    create_server,
+    install_stop_signals,
+    serve_until_signalled,
+)
 from shared.service_main import announce_ready, run
 from shared.telemetry.tracing import setup_logging, setup_tracing, shutdown_tracing
 from toolmesh.dispatcher.v1 import dispatcher_pb2, dispatcher_pb2_grpc
@@ -20,6 +25,7 @@ SERVICE = "dispatcher"
 
 
 async def serve(settings: Settings, port: int) -> None:
+    stop = install_stop_signals()
     setup_tracing(SERVICE, settings)
     engine = make_engine(settings.database_url)
     log = SqlCallLog(session_factory(engine))
@@ -50,7 +56,7 @@ async def serve(settings: Settings, port: int) -> None:
         engine.dispose()
         shutdown_tracing()
 
-    await serve_until_signalled(server, health, grace_s=settings.grace_s, on_stop=on_stop)
+    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 
 
 def main() -> None:

@@ -112,6 +112,7 @@ class Dispatcher:
         request = rpb.ExecuteToolRequest(
             name=tool_use.name, input_json=tool_use.input_json or "{}", context=ctx
         )
+        await self._log.ensure_available()  # never run a tool whose call cannot be logged
         try:
             response = await self._registry.execute(request, self._timeout_s)
             result = response.result

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, insert, select
+from sqlalchemy import Connection, Engine, Table, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
@@ -89,6 +89,11 @@ class EventEntry:
 
 
 class CallLog(Protocol):
+    async def ensure_available(self) -> None:
+        """Raise Unavailable when the log cannot be written (checked before a tool runs, so a
+        tool is not executed when its call could not be logged)."""
+        ...
+
     async def write(self, record: CallRecord) -> None: ...
     def list_log(
         self, *, tool_name: str, tenant_id: str, conversation_id: str, limit: int
@@ -111,11 +116,23 @@ class SqlCallLog:
         if not isinstance(engine, Engine):
             raise TypeError("SqlCallLog needs a sessionmaker bound to an Engine")
         self._engine = engine
+        # False until a write or probe succeeds, and after any failed write: the next call
+        # probes the database before its tool runs.
+        self._healthy = False
         self._queue: queue.SimpleQueue[
             tuple[CallRecord, asyncio.Future[None], asyncio.AbstractEventLoop] | None
         ] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="call-log-writer", daemon=True)
         self._thread.start()
+
+    async def ensure_available(self) -> None:
+        if not self._healthy:
+            await asyncio.to_thread(self._probe)
+
+    def _probe(self) -> None:
+        with translate_db_errors(), self._engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        self._healthy = True
 
     async def write(self, record: CallRecord) -> None:
         loop = asyncio.get_running_loop()
@@ -144,8 +161,12 @@ class SqlCallLog:
                     break
                 batch.append(nxt)
             error = self._commit([record for record, _, _ in batch])
+            # One wake-up per event loop per batch, not one per call.
+            by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
             for _, future, loop in batch:
-                loop.call_soon_threadsafe(_settle, future, error)
+                by_loop.setdefault(loop, []).append(future)
+            for loop, futures in by_loop.items():
+                loop.call_soon_threadsafe(_settle, futures, error)
             if stop:
                 return
 
@@ -153,10 +174,13 @@ class SqlCallLog:
         try:
             with translate_db_errors(), self._engine.begin() as conn:
                 _insert_records(conn, records)
+            self._healthy = True
         except ToolmeshError as exc:
+            self._healthy = False
             return exc
         except Exception as exc:
             logger.exception("writing the call log failed")
+            self._healthy = False
             return Unavailable(f"call log write failed: {type(exc).__name__}: {exc}")
         return None
 
@@ -214,13 +238,14 @@ class SqlCallLog:
             return out
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 _LOG = cast(Table, ToolExecutionLogRow.__table__)

@@ -14,7 +14,12 @@ from services.registry.servicer import GrpcToolCaller, RegistryServicer
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
-from shared.server import ServiceBinding, create_server, serve_until_signalled
+from shared.server import (
+    ServiceBinding,
+    create_server,
+    install_stop_signals,
+    serve_until_signalled,
+)
 from shared.service_main import announce_ready, run
 from shared.telemetry.tracing import setup_logging, setup_tracing, shutdown_tracing
 from toolmesh.registry.v1 import registry_pb2, registry_pb2_grpc
@@ -23,6 +28,7 @@ SERVICE = "registry"
 
 
 async def serve(settings: Settings, port: int) -> None:
+    stop = install_stop_signals()
     setup_tracing(SERVICE, settings)
     await asyncio.to_thread(upgrade, settings.database_url)
     engine = make_engine(settings.database_url)
@@ -73,7 +79,7 @@ async def serve(settings: Settings, port: int) -> None:
         engine.dispose()
         shutdown_tracing()
 
-    await serve_until_signalled(server, health, grace_s=settings.grace_s, on_stop=on_stop)
+    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 
 
 def main() -> None:

@@ -88,7 +88,12 @@ class Execution:
 
 
 def closest_names(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
-    return difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    """The n candidates most similar to `name`, best first (never empty when there are any)."""
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    if len(close) < n:
+        ranked = sorted(candidates, key=lambda c: -difflib.SequenceMatcher(None, name, c).ratio())
+        close += [c for c in ranked if c not in close][: n - len(close)]
+    return close
 
 
 def inject_reasoning(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:

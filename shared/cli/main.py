@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 import grpc
 
-from shared.cli import up as up_cmd
 from shared.cli.render import print_log, print_tools, print_trace
-from shared.config import Settings
+from shared.config import DEFAULT_COLLECTOR_PORT, Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -144,6 +144,12 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from shared.cli.up import run_up  # imports the database stack: only for `up`
+
+    return run_up(args, settings)
+
+
 def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
     return print_trace(settings, args.trace_id, last=args.last)
 
@@ -153,8 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("up", help="start every implemented service (Ctrl-C stops them)")
-    up_cmd.add_arguments(p)
-    p.set_defaults(func=up_cmd.run_up)
+    p.add_argument(
+        "--collector-port",
+        type=int,
+        default=int(os.environ.get("TOOLMESH_COLLECTOR_PORT") or DEFAULT_COLLECTOR_PORT),
+        help="port of the local OTLP span store (default 4317; ignored when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not echo service logs")
+    p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("call", help="dispatch one tool call and print the rendered result")
     p.add_argument("name", help="tool name")

@@ -10,21 +10,10 @@ import sys
 import threading
 from types import FrameType
 
-from shared.config import DEFAULT_COLLECTOR_PORT, IMPLEMENTED_SERVICES, Settings
+from shared.config import IMPLEMENTED_SERVICES, Settings
 from shared.db.engine import upgrade
 from shared.errors import ToolmeshError
 from shared.launcher import LaunchError, ServiceProcess, service_env, start_service
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--collector-port",
-        type=int,
-        default=int(os.environ.get("TOOLMESH_COLLECTOR_PORT") or DEFAULT_COLLECTOR_PORT),
-        help="port of the local OTLP span store (default 4317; ignored when "
-        "OTEL_EXPORTER_OTLP_ENDPOINT is set)",
-    )
-    p.add_argument("--quiet", action="store_true", help="do not echo service logs")
 
 
 def run_up(args: argparse.Namespace, settings: Settings) -> int:

@@ -37,14 +37,14 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
+        # Batching is tuned by the standard OTEL_BSP_* variables (schedule delay, batch size).
         provider.add_span_processor(
-            BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=endpoint, insecure=True),
-                schedule_delay_millis=200,
-            )
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True))
         )
     trace.set_tracer_provider(provider)
     _provider = provider
+    global _tracer
+    _tracer = None  # re-resolve against the new provider
     return provider
 
 
@@ -57,8 +57,15 @@ def shutdown_tracing() -> None:
         _provider = None
 
 
+_tracer: trace.Tracer | None = None
+
+
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    """The process's tracer, looked up once after setup (get_tracer is not free per call)."""
+    global _tracer
+    if _tracer is None:
+        _tracer = trace.get_tracer(TRACER_NAME)
+    return _tracer
 
 
 def current_trace_id() -> str:

@@ -239,18 +239,20 @@ class Effects(_message.Message):
     def __init__(self, cards: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., datasets: _Optional[_Iterable[_Union[Dataset, _Mapping]]] = ..., exports: _Optional[_Iterable[_Union[Export, _Mapping]]] = ..., cost_usd: _Optional[float] = ...) -> None: ...
 
 class Ok(_message.Message):
-    __slots__ = ("rows", "schema", "data_json", "warnings", "effects")
+    __slots__ = ("rows", "schema", "data_json", "warnings", "effects", "table")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
     rows: int
     schema: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     data_json: str
     warnings: _containers.RepeatedCompositeFieldContainer[Warning]
     effects: Effects
-    def __init__(self, rows: _Optional[int] = ..., schema: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., data_json: _Optional[str] = ..., warnings: _Optional[_Iterable[_Union[Warning, _Mapping]]] = ..., effects: _Optional[_Union[Effects, _Mapping]] = ...) -> None: ...
+    table: Dataset
+    def __init__(self, rows: _Optional[int] = ..., schema: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., data_json: _Optional[str] = ..., warnings: _Optional[_Iterable[_Union[Warning, _Mapping]]] = ..., effects: _Optional[_Union[Effects, _Mapping]] = ..., table: _Optional[_Union[Dataset, _Mapping]] = ...) -> None: ...
 
 class Alternative(_message.Message):
     __slots__ = ("label", "score", "details")

@@ -1,0 +1,322 @@
+"""The `toolmesh` console script as a user runs it: `call` prints the rendered result and its
+exit code says Ok/Hint (0), Err (1) or RPC failure (2); `tools` and `log` read the mesh; and
+`toolmesh up` starts every service on its configured port, is traceable, and stops them all on
+SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Mesh
+
+pytestmark = pytest.mark.integration
+
+TOOLMESH = Path(sys.executable).parent / "toolmesh"
+
+# The CLI is a thin client: its mesh tests run on one backend (the backends themselves are
+# covered by the dispatch and analysis tests).
+on_sqlite_mesh = pytest.mark.parametrize("mesh", ["sqlite"], indirect=True, scope="module")
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The caller's environment without toolmesh/OpenTelemetry settings, plus `overrides`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLMESH_", "OTEL_"))}
+    env.update(overrides)
+    return env
+
+
+def toolmesh(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(TOOLMESH), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=dict(env) if env is not None else clean_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def call(mesh: Mesh, *args: str) -> subprocess.CompletedProcess[str]:
+    return toolmesh("call", *args, "--dispatcher", mesh.address("dispatcher"))
+
+
+@on_sqlite_mesh
+def test_call_prints_the_rendered_ok_result_and_exits_0(mesh: Mesh) -> None:
+    done = call(mesh, "ping", "--input", '{"echo": {"n": 3}}')
+    assert done.returncode == 0, done.stderr
+    assert "✓ ok." in done.stdout
+    assert '"n": 3' in done.stdout  # the integer arrives as an integer
+
+
+@on_sqlite_mesh
+def test_call_exits_0_on_a_hint(mesh: Mesh) -> None:
+    done = call(mesh, "ping", "--input", '{"fail": "hint"}')
+    assert done.returncode == 0, done.stderr
+    assert "hint" in done.stdout
+
+
+@on_sqlite_mesh
+def test_call_exits_1_on_an_err_result(mesh: Mesh) -> None:
+    done = call(mesh, "ping", "--input", '{"fail": "raise"}')
+    assert done.returncode == 1
+    assert "PingFailure" in done.stdout
+
+
+@on_sqlite_mesh
+def test_call_of_a_misspelt_tool_exits_2_with_not_found_naming_the_tool_meant(mesh: Mesh) -> None:
+    done = call(mesh, "pnig")
+    assert done.returncode == 2
+    assert "NOT_FOUND" in done.stderr
+    assert "ping" in done.stderr
+    assert done.stdout == ""
+
+
+@on_sqlite_mesh
+def test_call_of_an_unknown_tool_exits_2_with_not_found_and_a_suggestion(mesh: Mesh) -> None:
+    done = call(mesh, "nope")
+    assert done.returncode == 2
+    assert "NOT_FOUND" in done.stderr
+    offered = {"ping", "compose_ping", "load_dataset", "preview_data", "describe_entry", "query"}
+    assert any(name in done.stderr for name in offered), done.stderr
+
+
+@on_sqlite_mesh
+def test_call_with_input_that_is_not_an_object_exits_2_invalid_argument(mesh: Mesh) -> None:
+    done = call(mesh, "ping", "--input", "[1]")
+    assert done.returncode == 2
+    assert "INVALID_ARGUMENT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_call_without_a_running_mesh_exits_2_unavailable() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        done = toolmesh("call", "ping", "--dispatcher", address, "--timeout", "10")
+    assert done.returncode == 2
+    assert "UNAVAILABLE" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@on_sqlite_mesh
+def test_tools_json_lists_the_model_facing_tools_with_a_reasoning_field(mesh: Mesh) -> None:
+    done = toolmesh("tools", "--json", "--registry", mesh.address("registry"))
+    assert done.returncode == 0, done.stderr
+    tools = {t["name"]: t for t in json.loads(done.stdout)}
+    assert {"load_dataset", "query"} <= tools.keys()
+    assert "ping" not in tools  # internal
+    for name in ("load_dataset", "query"):
+        assert "reasoning" in tools[name]["input_schema"]["properties"]
+
+
+@on_sqlite_mesh
+def test_tools_all_includes_internal_tools(mesh: Mesh) -> None:
+    done = toolmesh("tools", "--all", "--json", "--registry", mesh.address("registry"))
+    assert done.returncode == 0, done.stderr
+    names = {t["name"] for t in json.loads(done.stdout)}
+    assert {"ping", "load_dataset", "query"} <= names
+
+
+@on_sqlite_mesh
+def test_log_shows_the_latest_calls_of_one_tool(mesh: Mesh) -> None:
+    for _ in range(4):
+        mesh.call("ping", conversation="cli-log")
+    mesh.call("compose_ping", conversation="cli-log")
+    done = toolmesh(
+        "log", "--tool", "ping", "--limit", "3", "--dispatcher", mesh.address("dispatcher")
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "cli-log" in line]
+    assert len(rows) == 3
+    assert all("ping" in row.split() for row in rows)
+
+
+# --- toolmesh up ------------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name, or None when there is no such pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Live child processes of `pid`: pid -> start time (to tell a reused pid apart)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and fields[1] == str(pid):
+                found[int(entry.name)] = fields[19]
+    return found
+
+
+def running(pid: int, start_time: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[19] == start_time and fields[0] != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+@dataclass
+class Up:
+    """A running `toolmesh up` and everything it printed so far."""
+
+    process: subprocess.Popen[str]
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    output: list[str] = field(default_factory=list)
+    services: dict[int, str] = field(default_factory=dict)
+
+    def find_services(self) -> dict[int, str]:
+        """The service processes `toolmesh up` started (remembered for the clean-up)."""
+        self.services.update(children_of(self.process.pid))
+        return dict(self.services)
+
+    def pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for_line(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"toolmesh up exited early:\n{''.join(self.output)}")
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} within {timeout}s:\n{''.join(self.output)}")
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[tuple[Up, dict[str, str], dict[str, int]]]:
+    registry_port, dispatcher_port = free_ports(2)
+    env = clean_env(
+        TOOLMESH_DATA_DIR=str(tmp_path / "toolmesh"),
+        TOOLMESH_REGISTRY_PORT=str(registry_port),
+        TOOLMESH_DISPATCHER_PORT=str(dispatcher_port),
+        TOOLMESH_TRACING="1",
+        TOOLMESH_SHUTDOWN_GRACE_S="2",
+        PYTHONUNBUFFERED="1",
+    )
+    process = subprocess.Popen(
+        [str(TOOLMESH), "up", "--quiet", "--collector-port", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        start_new_session=True,  # its own process group, like a shell job: see the Ctrl-C test
+    )
+    handle = Up(process)
+    pump = threading.Thread(target=handle.pump, daemon=True)
+    pump.start()
+    try:
+        yield handle, env, {"registry": registry_port, "dispatcher": dispatcher_port}
+    finally:
+        if process.poll() is None:
+            handle.find_services()
+            process.kill()
+            process.wait(10)
+        for pid, start in handle.services.items():  # only what this `toolmesh up` started
+            if running(pid, start):
+                os.kill(pid, signal.SIGKILL)
+        pump.join(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_up_serves_on_the_configured_ports_traces_calls_and_stops_cleanly_on_sigterm(
+    up: tuple[Up, dict[str, str], dict[str, int]],
+) -> None:
+    handle, env, ports = up
+    handle.wait_for_line("toolmesh is up", timeout=90)
+    printed = "".join(handle.output)
+    for service, port in ports.items():
+        assert f"127.0.0.1:{port}" in printed, f"{service} is not announced on its port"
+    services = handle.find_services()
+    assert {"services.registry", "services.dispatcher"} <= {
+        word for pid in services for word in cmdline(pid).split()
+    }
+
+    # A call through the configured address (no --dispatcher: the port comes from the env).
+    done = toolmesh("call", "ping", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "✓ ok." in done.stdout
+
+    # Its spans (from both services) reach the local span store and `toolmesh trace --last`
+    # prints the tree.
+    def complete(out: str) -> bool:
+        return "execute_tool ping" in out and "DispatchToolCall" in out
+
+    deadline = time.monotonic() + 30
+    trace = toolmesh("trace", "--last", env=env)
+    while not complete(trace.stdout) and time.monotonic() < deadline:
+        time.sleep(0.3)  # polling the span store, bounded by the deadline
+        trace = toolmesh("trace", "--last", env=env)
+    assert trace.returncode == 0, trace.stderr
+    assert "execute_tool ping" in trace.stdout
+    assert "DispatchToolCall" in trace.stdout
+
+    handle.process.send_signal(signal.SIGTERM)
+    assert_stopped_cleanly(handle, services)
+
+
+def test_up_stops_every_service_cleanly_on_ctrl_c(
+    up: tuple[Up, dict[str, str], dict[str, int]],
+) -> None:
+    handle, _, _ = up
+    handle.wait_for_line("toolmesh is up", timeout=90)
+    services = handle.find_services()
+    assert len(services) >= 2
+    os.killpg(handle.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    assert_stopped_cleanly(handle, services)
+
+
+def assert_stopped_cleanly(handle: Up, services: dict[int, str]) -> None:
+    assert handle.process.wait(timeout=20) == 0
+    handle.wait_for_line("toolmesh stopped.", timeout=10)
+    left = [pid for pid, start in services.items() if running(pid, start)]
+    assert not left, f"service processes left behind: {[cmdline(p) for p in left]}"
