@@ -24,6 +24,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.enable_retries", 1),
+    # With a dns:/// target that resolves to several replicas, spread calls across all of them.
+    ("grpc.lb_policy_name", "round_robin"),
 ]
 
 

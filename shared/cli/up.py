@@ -28,6 +28,7 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     env = service_env()
+    env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "1000")  # `toolmesh trace --last` right after a call
     collector: CollectorThread | None = None
     if settings.tracing and not settings.otlp_endpoint:
         spans_path = settings.data_dir / "spans.jsonl"

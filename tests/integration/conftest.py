@@ -100,6 +100,7 @@ def start_mesh(
         TOOLMESH_TRACING="1",
         TOOLMESH_LOG_LEVEL="INFO",
         TOOLMESH_SHUTDOWN_GRACE_S="2",
+        OTEL_BSP_SCHEDULE_DELAY="200",
     )
     for key in ("TOOLMESH_REGISTRY_ADDR", "TOOLMESH_DISPATCHER_ADDR"):
         env.pop(key, None)

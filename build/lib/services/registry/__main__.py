@@ -1,0 +1,96 @@
+"""Entry point of the registry service: `python -m services.registry [--port N]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from services.registry.context import ToolContext
+from services.registry.core import Registry
+from services.registry.datasets import SqlDatasetStore
+from services.registry.repository import SqlToolRepository
+from services.registry.servicer import GrpcToolCaller, RegistryServicer
+from shared.clients import MeshClients
+from shared.config import Settings
+from shared.db.engine import make_engine, session_factory, upgrade
+from shared.server import (
+    ServiceBinding,
+    create_server,
+    install_stop_signals,
+    serve_until_signalled,
+)
+from shared.service_main import announce_ready, run
+from shared.telemetry.tracing import setup_logging, setup_tracing, shutdown_tracing
+from toolmesh.registry.v1 import registry_pb2, registry_pb2_grpc
+
+SERVICE = "registry"
+
+
+async def serve(settings: Settings, port: int) -> None:
+    stop = install_stop_signals()
+    setup_tracing(SERVICE, settings)
+    await asyncio.to_thread(upgrade, settings.database_url)
+    engine = make_engine(settings.database_url)
+    sessions = session_factory(engine)
+    repo = SqlToolRepository(sessions)
+    datasets = SqlDatasetStore(sessions)
+    loop = asyncio.get_running_loop()
+    caller_box: list[GrpcToolCaller] = []
+
+    def context_defaults(ctx: ToolContext) -> None:
+        ctx.settings = settings
+        ctx.datasets = datasets
+        ctx.caller = caller_box[0] if caller_box else None
+        ctx.loop = loop
+
+    core = Registry(
+        repo,
+        context_defaults=context_defaults,
+        routes={},  # custom -> sandbox and mcp -> mcp_bridge land with their services
+        cache_ttl_s=settings.tool_cache_ttl_s,
+        max_depth=settings.max_depth,
+        disabled_flags=settings.disabled_flags,
+    )
+    await asyncio.to_thread(core.seed_system_tools)
+    await asyncio.to_thread(core.auto_register_handlers)
+    servicer = RegistryServicer(core, max_input_bytes=settings.max_input_bytes)
+    server, bound, health = await create_server(
+        [
+            ServiceBinding(
+                registry_pb2_grpc.add_RegistryServiceServicer_to_server,
+                servicer,
+                registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name,
+            )
+        ],
+        host=settings.host,
+        port=port,
+        tracing=settings.tracing,
+    )
+    # Composition re-enters the registry: an explicit address (e.g. a load balancer) wins,
+    # otherwise this very process.
+    self_address = os.environ.get("TOOLMESH_REGISTRY_ADDR") or f"{settings.host}:{bound}"
+    clients = MeshClients({**settings.addresses, SERVICE: self_address})
+    caller_box.append(GrpcToolCaller(clients.registry(), settings.tracing))
+    announce_ready(SERVICE, f"{settings.host}:{bound}")
+
+    async def on_stop() -> None:
+        await clients.close()
+        engine.dispose()
+        shutdown_tracing()
+
+    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.registry")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (0: any free port)")
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    setup_logging(SERVICE, settings.log_level)
+    port = settings.ports[SERVICE] if args.port is None else args.port
+    run(serve(settings, port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""The registry's domain core: system handler registration, the model-facing catalog, input
+validation and execute_tool routing (system handlers in-process; custom tools to the sandbox;
+MCP tools to the bridge). Imports no grpc; tested without a network."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import difflib
+import importlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import jsonschema
+import pandas as pd
+from jsonschema.exceptions import ValidationError
+from opentelemetry.trace import Status, StatusCode
+
+from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
+from services.registry.context import ToolContext
+from services.registry.model import SeedReport, ToolDef
+from services.registry.repository import ToolRepository
+from shared.contract import (
+    Alternative,
+    Err,
+    Hint,
+    HintException,
+    ToolResult,
+    envelope_to_tool_result,
+)
+from shared.contract.result import exception_to_envelope
+from shared.errors import FailedPrecondition, NotFound
+from shared.telemetry.tracing import span_attributes, tracer
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any], ToolContext], Any]
+
+REASONING_FIELD: dict[str, Any] = {
+    "type": "string",
+    "description": (
+        "Why you chose this tool and approach. Recorded for audit; not passed to the tool."
+    ),
+}
+NO_REASONING_TOOLS = frozenset({"plan"})
+MAX_VALIDATION_ERRORS = 3
+# gen_ai.tool.type values of the GenAI semantic conventions.
+_GENAI_TOOL_TYPE = {"system": "function", "custom": "function", "mcp": "extension"}
+
+
+def _envelope_kind(result: ToolResult) -> str:
+    env = result.envelope
+    if isinstance(env, Hint):
+        return "hint"
+    if isinstance(env, Err) or (env is None and result.error is not None):
+        return "err"
+    return "ok"
+
+
+class ToolExecutor(Protocol):
+    """Runs a non-system tool (custom in the sandbox, mcp through the bridge)."""
+
+    async def execute(
+        self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
+    ) -> ToolResult: ...
+
+
+@dataclass(frozen=True)
+class LlmTool:
+    """A tool schema ready for a provider, with the reasoning field injected."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass
+class Execution:
+    """The outcome of execute_tool."""
+
+    result: ToolResult
+    tool: ToolDef
+    execution_ms: float
+
+
+def closest_names(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    """The n candidates most similar to `name`, best first (never empty when there are any)."""
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    if len(close) < n:
+        ranked = sorted(candidates, key=lambda c: -difflib.SequenceMatcher(None, name, c).ratio())
+        close += [c for c in ranked if c not in close][: n - len(close)]
+    return close
+
+
+def inject_reasoning(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The model-facing schema: a required `reasoning` string on every tool except plan."""
+    out = copy.deepcopy(dict(schema))
+    if name in NO_REASONING_TOOLS:
+        return out
+    out.setdefault("type", "object")
+    props = dict(out.get("properties") or {})
+    props["reasoning"] = dict(REASONING_FIELD)
+    out["properties"] = props
+    required = [r for r in out.get("required") or [] if r != "reasoning"]
+    out["required"] = [*required, "reasoning"]
+    return out
+
+
+class Registry:
+    """execute_tool and the catalog. One instance per registry process."""
+
+    def __init__(
+        self,
+        repo: ToolRepository,
+        *,
+        context_defaults: Callable[[ToolContext], None] | None = None,
+        routes: Mapping[str, ToolExecutor | None] | None = None,
+        cache_ttl_s: float = 2.0,
+        max_depth: int = 8,
+        disabled_flags: frozenset[str] = frozenset(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._repo = repo
+        self._context_defaults = context_defaults
+        self._routes = dict(routes or {})
+        self._handlers: dict[str, Handler] = {}
+        self._cache: dict[str, tuple[float, ToolDef | None]] = {}
+        self._validators: dict[tuple[str, int], jsonschema.protocols.Validator] = {}
+        self._cache_ttl_s = cache_ttl_s
+        self._max_depth = max_depth
+        self._clock = clock
+        self.system_tools = build_system_tools(disabled_flags)
+
+    # --- registration ---------------------------------------------------------------------
+
+    def seed_system_tools(
+        self,
+        tools: Sequence[dict[str, Any]] | None = None,
+        retired: Sequence[str] = RETIRED_TOOLS,
+    ) -> SeedReport:
+        report = self._repo.seed(self.system_tools if tools is None else tools, retired)
+        self._cache.clear()
+        logger.info(
+            "seeded system tools: %d created, %d updated, %d unchanged, %d retired, %d unknown",
+            len(report.created),
+            len(report.updated),
+            len(report.unchanged),
+            len(report.retired),
+            len(report.unknown),
+        )
+        return report
+
+    def register_handler(self, name: str, handler: Handler) -> None:
+        self._handlers[name] = handler
+
+    def auto_register_handlers(self) -> dict[str, str]:
+        """Import the handler of every live system row. A broken handler is logged and skipped;
+        returns {name: error} for those."""
+        failures: dict[str, str] = {}
+        for tool in self._repo.find(tool_type="system"):
+            if not tool.handler_path:
+                continue
+            try:
+                self._handlers[tool.name] = resolve_handler(tool.handler_path)
+            except (ImportError, AttributeError, TypeError, ValueError) as exc:
+                failures[tool.name] = f"{type(exc).__name__}: {exc}"
+                logger.warning(
+                    "handler of %s (%s) not registered: %s", tool.name, tool.handler_path, exc
+                )
+        logger.info("registered %d system handlers", len(self._handlers))
+        return failures
+
+    @property
+    def repo(self) -> ToolRepository:
+        return self._repo
+
+    @property
+    def handler_names(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def invalidate(self, name: str | None = None) -> None:
+        if name is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(name, None)
+
+    # --- catalog --------------------------------------------------------------------------
+
+    def tools_for_llm(self, tenant_id: str) -> list[LlmTool]:
+        tools = list(self._repo.for_llm(tenant_id))
+        tools.sort(key=lambda t: (TOOL_ORDER_INDEX.get(t.name, len(TOOL_ORDER_INDEX)), t.name))
+        return [
+            LlmTool(t.name, t.description, inject_reasoning(t.name, t.input_schema)) for t in tools
+        ]
+
+    async def lookup(self, name: str, tenant_id: str) -> ToolDef:
+        """The live tool visible to the tenant, or NotFound naming the closest tools."""
+        now = self._clock()
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] > now:
+            tool = cached[1]
+        else:
+            tool = await asyncio.to_thread(self._repo.get, name)
+            self._cache[name] = (now + self._cache_ttl_s, tool)
+        if tool is None or not tool.live or not tool.visible_to(tenant_id):
+            names = await asyncio.to_thread(self._repo.names)
+            suggestions = closest_names(name, names)
+            hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+            raise NotFound(
+                f"unknown tool {name!r}{hint}",
+                reason="TOOL_NOT_FOUND",
+                metadata={"tool": name, "suggestions": ",".join(suggestions)},
+            )
+        return tool
+
+    # --- execution ------------------------------------------------------------------------
+
+    async def execute(self, name: str, inputs: dict[str, Any], context: ToolContext) -> Execution:
+        """Run one tool. RPC-level problems raise ToolmeshError; everything the tool itself does
+        wrong comes back as a result with an Err or Hint envelope."""
+        started = self._clock()
+        tool = await self.lookup(name, context.tenant_id)
+        reasoning = inputs.pop("reasoning", None)
+        if reasoning is not None:
+            context.reasoning = str(reasoning)
+        context.tool_name = name
+        if self._context_defaults is not None:
+            self._context_defaults(context)
+        with tracer().start_as_current_span(
+            f"execute_tool {name}",
+            attributes=span_attributes(
+                gen_ai__operation__name="execute_tool",
+                gen_ai__tool__name=name,
+                gen_ai__tool__call__id=context.tool_use_id,
+                gen_ai__tool__type=_GENAI_TOOL_TYPE.get(tool.tool_type, tool.tool_type),
+                gen_ai__conversation__id=context.conversation_id,
+                toolmesh__tenant__id=context.tenant_id,
+                toolmesh__call__depth=context.depth,
+            ),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            result = await self._guarded(tool, inputs, context)
+            kind = _envelope_kind(result)
+            span.set_attribute("toolmesh.envelope.kind", kind)
+            if kind == "err":
+                err = result.envelope
+                span.set_attribute("error.type", err.err_kind if isinstance(err, Err) else "legacy")
+                span.set_status(Status(StatusCode.ERROR, (result.error or "")[:200]))
+        return Execution(result=result, tool=tool, execution_ms=(self._clock() - started) * 1000)
+
+    async def _guarded(
+        self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
+    ) -> ToolResult:
+        refusal = self._refusal(tool, context)
+        if refusal is not None:
+            return envelope_to_tool_result(refusal)
+        hint = self._validate(tool, inputs)
+        if hint is not None:
+            return envelope_to_tool_result(hint)
+        if tool.tool_type == "system":
+            return await self._run_system(tool, inputs, context)
+        executor = self._routes.get(tool.tool_type)
+        if executor is None:
+            service = "sandbox" if tool.tool_type == "custom" else "mcp_bridge"
+            raise FailedPrecondition(
+                f"{tool.tool_type} tool {tool.name!r} cannot run: the {service} service is not "
+                f"configured (set TOOLMESH_{service.upper()}_ADDR)",
+                reason="SERVICE_NOT_CONFIGURED",
+                metadata={"service": service, "tool": tool.name},
+            )
+        return await executor.execute(tool, inputs, context)
+
+    def _refusal(self, tool: ToolDef, context: ToolContext) -> Err | None:
+        if not tool.enabled:
+            return Err(f"tool {tool.name!r} is disabled", err_kind="tool_disabled")
+        if tool.status != "approved":
+            return Err(
+                f"tool {tool.name!r} is {tool.status}, not approved", err_kind="tool_not_approved"
+            )
+        missing = sorted(set(tool.required_capabilities) - context.capabilities)
+        if missing:
+            return Err(
+                f"tool {tool.name!r} requires capabilities the caller lacks: {', '.join(missing)}",
+                err_kind="permission_denied",
+            )
+        if context.depth > self._max_depth:
+            return Err(
+                f"tool composition nested deeper than {self._max_depth} calls",
+                err_kind="max_depth_exceeded",
+            )
+        return None
+
+    def _validate(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
+        key = (tool.name, tool.version)
+        validator = self._validators.get(key)
+        if validator is None:
+            cls = jsonschema.validators.validator_for(
+                tool.input_schema, jsonschema.Draft202012Validator
+            )
+            try:
+                cls.check_schema(tool.input_schema)
+            except jsonschema.SchemaError as exc:
+                logger.error("tool %s has an invalid input_schema: %s", tool.name, exc.message)
+                return Hint(
+                    "schema", f"tool {tool.name!r} has an invalid input schema: {exc.message}"
+                )
+            validator = cls(tool.input_schema)
+            self._validators[key] = validator
+        errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.path), str(e.path)))
+        if not errors:
+            return None
+        props = list((tool.input_schema.get("properties") or {}).keys())
+        messages: list[str] = []
+        alternatives: list[Alternative] = []
+        for error in errors[:MAX_VALIDATION_ERRORS]:
+            message, alts = describe_violation(error, props)
+            messages.append(message)
+            alternatives.extend(alts)
+        more = len(errors) - MAX_VALIDATION_ERRORS
+        text = "; ".join(messages) + (f"; and {more} more" if more > 0 else "")
+        return Hint("schema", f"invalid input for {tool.name}: {text}", alternatives)
+
+    async def _run_system(
+        self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
+    ) -> ToolResult:
+        handler = self._handlers.get(tool.name)
+        if handler is None:
+            return envelope_to_tool_result(
+                Err(
+                    f"system tool {tool.name!r} has no registered handler "
+                    f"({tool.handler_path or 'no handler_path'})",
+                    err_kind="handler_missing",
+                )
+            )
+        try:
+            if inspect.iscoroutinefunction(handler):
+                raw = await handler(inputs, context)
+            else:
+                raw = await asyncio.to_thread(handler, inputs, context)
+                if inspect.isawaitable(raw):
+                    raw = await raw
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, HintException):
+                logger.warning(
+                    "tool %s raised %s: %s", tool.name, type(exc).__name__, exc, exc_info=True
+                )
+            return envelope_to_tool_result(exception_to_envelope(exc))
+        return normalise_result(tool.name, raw)
+
+
+def normalise_result(tool_name: str, raw: Any) -> ToolResult:
+    """Coerce whatever a handler returned into a ToolResult; a malformed return is an Err whose
+    kind names the problem, never a crash."""
+    try:
+        result = ToolResult.from_any(raw)
+    except TypeError as exc:
+        return envelope_to_tool_result(Err(str(exc), err_kind="invalid_result"))
+    for name, value in result.datasets.items():
+        if not isinstance(value, pd.DataFrame):
+            return envelope_to_tool_result(
+                Err(
+                    f"{tool_name} returned dataset {name!r} as {type(value).__name__}, "
+                    "not a DataFrame",
+                    err_kind="invalid_dataset",
+                )
+            )
+    for card in result.cards:
+        if not isinstance(card, Mapping):
+            return envelope_to_tool_result(
+                Err(f"{tool_name} returned a card that is not an object", err_kind="invalid_card")
+            )
+    if not isinstance(result.content, str):
+        return envelope_to_tool_result(
+            Err(f"{tool_name} returned non-text content", err_kind="invalid_result")
+        )
+    return result
+
+
+def describe_violation(
+    error: ValidationError, props: Sequence[str]
+) -> tuple[str, list[Alternative]]:
+    """One schema violation as text for the model, naming the field and what was expected."""
+    where = "/".join(str(p) for p in error.absolute_path)
+    field = f"'{where}'" if where else "input"
+    missing = error.message.split("'")[1] if "'" in error.message else error.message
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    instance: Any = error.instance
+    if error.validator == "required":
+        prefix = f"{where}/" if where else ""
+        return f"missing required field '{prefix}{missing}'", []
+    if error.validator == "additionalProperties" and isinstance(instance, Mapping):
+        known = list((schema.get("properties") or {}).keys()) or list(props)
+        extras = [p for p in instance if p not in known]
+        props = known
+        alternatives = []
+        for extra in extras:
+            for match in difflib.get_close_matches(extra, props, n=2, cutoff=0.5):
+                score = difflib.SequenceMatcher(None, extra, match).ratio()
+                alternatives.append(Alternative(match, round(score, 2), {"instead_of": extra}))
+        allowed = ", ".join(props) or "none"
+        return f"unknown field(s) {', '.join(map(repr, extras))} (allowed: {allowed})", alternatives
+    if error.validator == "type":
+        return (
+            f"field {field}: expected {error.validator_value}, got "
+            f"{_json_type(error.instance)} {_short(error.instance)}",
+            [],
+        )
+    if error.validator == "enum":
+        options = [str(v) for v in cast(list[Any], error.validator_value)]
+        alternatives = [
+            Alternative(o, round(difflib.SequenceMatcher(None, str(error.instance), o).ratio(), 2))
+            for o in options
+        ]
+        alternatives.sort(key=lambda a: -a.score)
+        return f"field {field}: {_short(error.instance)} is not one of {options}", alternatives[:3]
+    return f"field {field}: {error.message}", []
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def resolve_handler(path: str) -> Handler:
+    """Import `package.module.function`."""
+    module_name, _, attr = path.rpartition(".")
+    if not module_name:
+        raise ValueError(f"handler_path {path!r} is not a dotted path")
+    module = importlib.import_module(module_name)
+    handler = getattr(module, attr)
+    if not callable(handler):
+        raise TypeError(f"{path} is not callable")
+    return cast(Handler, handler)

@@ -1,0 +1,298 @@
+"""The registry's gRPC servicer: converts requests, awaits the core, converts responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from services.registry.context import ToolContext
+from services.registry.core import Registry
+from services.registry.model import NAME_PATTERN, ToolDef
+from shared import convert
+from shared.clients import traced_call
+from shared.contract import ToolResult
+from shared.errors import InvalidArgument
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def context_from_pb(m: pb.CallContext, tool_name: str) -> ToolContext:
+    return ToolContext(
+        tool_name=tool_name,
+        tenant_id=m.tenant_id,
+        user_id=m.user_id,
+        conversation_id=m.conversation_id,
+        namespace_id=m.namespace_id,
+        capabilities=frozenset(m.capabilities),
+        mode=convert.MODES.get(m.mode, "chat"),
+        tool_use_id=m.tool_use_id,
+        parent_tool_use_id=m.parent_tool_use_id,
+        reasoning=m.reasoning or None,
+        user_message=m.user_message,
+        dataset_id=m.dataset_id,
+        budget_limit=m.budget.limit_usd or None,
+        budget_spent=m.budget.spent_usd,
+        depth=m.depth,
+    )
+
+
+def context_to_pb(c: ToolContext) -> pb.CallContext:
+    return pb.CallContext(
+        tenant_id=c.tenant_id,
+        user_id=c.user_id,
+        conversation_id=c.conversation_id,
+        namespace_id=c.namespace_id,
+        capabilities=sorted(c.capabilities),
+        mode=convert.MODE_VALUES.get(c.mode, pb.MODE_CHAT),
+        tool_use_id=c.tool_use_id,
+        parent_tool_use_id=c.parent_tool_use_id,
+        reasoning=c.reasoning or "",
+        user_message=c.user_message,
+        dataset_id=c.dataset_id,
+        budget=pb.Budget(limit_usd=c.budget_limit or 0.0, spent_usd=c.budget_spent),
+        depth=c.depth,
+    )
+
+
+def tool_to_pb(t: ToolDef) -> pb.ToolDefinition:
+    msg = pb.ToolDefinition(
+        id=t.id,
+        name=t.name,
+        description=t.description,
+        input_schema_json=convert.dumps(t.input_schema),
+        implementation=t.implementation,
+        handler_path=t.handler_path or "",
+        tool_type=convert.TOOL_TYPE_VALUES.get(t.tool_type, pb.TOOL_TYPE_UNSPECIFIED),
+        status=convert.STATUS_VALUES.get(t.status, pb.TOOL_STATUS_UNSPECIFIED),
+        enabled=t.enabled,
+        category=t.category,
+        domain=t.domain or "",
+        replaced_by_model_capability=t.replaced_by_model_capability or "",
+        status_message=t.status_message or "",
+        large_output=t.large_output,
+        parent_tool=t.parent_tool or "",
+        dependencies=list(t.dependencies),
+        version=t.version,
+        tenant_id=t.tenant_id,
+        created_by=t.created_by,
+        rejection_reason=t.rejection_reason or "",
+        test_results_json=convert.dumps(t.test_results) if t.test_results else "",
+        required_capabilities=list(t.required_capabilities),
+        timeout_seconds=t.timeout_seconds or 0.0,
+        definition_hash=t.definition_hash or "",
+    )
+    for field, value in (
+        ("deleted_at", t.deleted_at),
+        ("created_at", t.created_at),
+        ("updated_at", t.updated_at),
+    ):
+        ts = convert.to_timestamp(value)
+        if ts is not None:
+            getattr(msg, field).CopyFrom(ts)
+    return msg
+
+
+def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
+    """A custom or MCP definition from UpsertTools, validated."""
+    violations: list[tuple[str, str]] = []
+    if not _NAME_RE.match(m.name):
+        violations.append(("name", "must match [a-zA-Z0-9_-]{1,64}"))
+    tool_type = convert.TOOL_TYPES.get(m.tool_type, "")
+    if tool_type not in ("custom", "mcp"):
+        violations.append(("tool_type", "must be TOOL_TYPE_CUSTOM or TOOL_TYPE_MCP"))
+    schema: dict[str, Any] = {}
+    try:
+        schema = convert.parse_json_object(m.input_schema_json or "{}", "input_schema_json")
+    except InvalidArgument as exc:
+        violations.extend(exc.field_violations)
+    if violations:
+        raise InvalidArgument(
+            f"invalid tool definition {m.name!r}: " + "; ".join(f"{f} {d}" for f, d in violations),
+            reason="INVALID_TOOL_DEFINITION",
+            field_violations=violations,
+        )
+    return ToolDef(
+        name=m.name,
+        description=m.description,
+        input_schema=schema or {"type": "object"},
+        tool_type=tool_type,
+        status=convert.STATUSES.get(m.status, "draft"),
+        enabled=m.enabled,
+        category=m.category or "general",
+        implementation=m.implementation,
+        domain=m.domain or None,
+        replaced_by_model_capability=m.replaced_by_model_capability or None,
+        status_message=m.status_message or None,
+        large_output=m.large_output,
+        parent_tool=m.parent_tool or None,
+        dependencies=list(m.dependencies),
+        tenant_id=m.tenant_id or "*",
+        created_by=m.created_by or tool_type,
+        rejection_reason=m.rejection_reason or None,
+        test_results=json.loads(m.test_results_json) if m.test_results_json else None,
+        required_capabilities=list(m.required_capabilities),
+        timeout_seconds=m.timeout_seconds or None,
+        definition_hash=m.definition_hash or None,
+    )
+
+
+class GrpcToolCaller:
+    """Tool composition: a handler's call_tool goes back through the registry's gRPC API with
+    the same context (depth + 1), so it is traced, validated and routed like any call."""
+
+    def __init__(self, stub: registry_pb2_grpc.RegistryServiceStub, tracing: bool) -> None:
+        self._stub = stub
+        self._tracing = tracing
+
+    async def call_tool(
+        self, name: str, inputs: Mapping[str, Any], context: ToolContext
+    ) -> ToolResult:
+        ctx = context_to_pb(context)
+        ctx.depth = context.depth + 1
+        ctx.parent_tool_use_id = context.tool_use_id
+        ctx.reasoning = ""
+        response = await traced_call(
+            self._stub.ExecuteTool,
+            rpb.ExecuteToolRequest(name=name, input_json=convert.dumps(dict(inputs)), context=ctx),
+            span_name="toolmesh.registry.v1.RegistryService/ExecuteTool",
+            peer_service="registry",
+            tracing=self._tracing,
+        )
+        return convert.tool_result_from_pb(response.result)
+
+
+class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
+    def __init__(self, core: Registry, *, max_input_bytes: int) -> None:
+        self._core = core
+        self._max_input_bytes = max_input_bytes
+
+    async def ExecuteTool(
+        self, request: rpb.ExecuteToolRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ExecuteToolResponse:
+        if not request.name:
+            raise InvalidArgument("name is required", field_violations=[("name", "empty")])
+        if len(request.input_json) > self._max_input_bytes:
+            raise InvalidArgument(
+                f"input_json is {len(request.input_json)} bytes, over the "
+                f"{self._max_input_bytes}-byte limit",
+                reason="INPUT_TOO_LARGE",
+                field_violations=[("input_json", "too large")],
+            )
+        inputs = convert.parse_json_object(request.input_json, "input_json")
+        ctx = context_from_pb(request.context, request.name)
+        execution = await self._core.execute(request.name, inputs, ctx)
+        return rpb.ExecuteToolResponse(
+            result=convert.tool_result_to_pb(execution.result),
+            tool_type=convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0),
+            execution_ms=execution.execution_ms,
+        )
+
+    async def GetToolsForLLM(
+        self, request: rpb.GetToolsForLLMRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.GetToolsForLLMResponse:
+        tools = await asyncio.to_thread(self._core.tools_for_llm, request.tenant_id)
+        return rpb.GetToolsForLLMResponse(
+            tools=[
+                rpb.LlmTool(
+                    name=t.name,
+                    description=t.description,
+                    input_schema_json=convert.dumps(t.input_schema),
+                )
+                for t in tools
+            ]
+        )
+
+    async def ListTools(
+        self, request: rpb.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.ListToolsResponse:
+        tools = await asyncio.to_thread(
+            self._core.repo.find,
+            tenant_id=request.tenant_id,
+            tool_type=convert.TOOL_TYPES.get(request.tool_type, ""),
+            category=request.category,
+            created_by=request.created_by,
+            include_deleted=request.include_deleted,
+        )
+        return rpb.ListToolsResponse(tools=[tool_to_pb(t) for t in tools])
+
+    async def GetTool(
+        self, request: rpb.GetToolRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.GetToolResponse:
+        tool = await self._core.lookup(request.name, request.tenant_id)
+        return rpb.GetToolResponse(tool=tool_to_pb(tool))
+
+    async def SeedSystemTools(
+        self, request: rpb.SeedSystemToolsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.SeedSystemToolsResponse:
+        report = await asyncio.to_thread(self._core.seed_system_tools)
+        await asyncio.to_thread(self._core.auto_register_handlers)
+        return rpb.SeedSystemToolsResponse(
+            created=report.created,
+            updated=report.updated,
+            unchanged=report.unchanged,
+            retired=report.retired,
+            unknown=report.unknown,
+        )
+
+    async def UpsertTools(
+        self, request: rpb.UpsertToolsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.UpsertToolsResponse:
+        tools = [tool_from_pb(t) for t in request.tools]
+        stored = await asyncio.to_thread(self._core.repo.upsert, tools)
+        for t in stored:
+            self._core.invalidate(t.name)
+        return rpb.UpsertToolsResponse(tools=[tool_to_pb(t) for t in stored])
+
+    async def DeleteTools(
+        self, request: rpb.DeleteToolsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.DeleteToolsResponse:
+        if request.created_by == "system":
+            raise InvalidArgument(
+                "system tools are retired in code (RETIRED_TOOLS), not deleted",
+                reason="SYSTEM_TOOL_PROTECTED",
+                field_violations=[("created_by", "system")],
+            )
+        if not request.names and not request.created_by:
+            raise InvalidArgument(
+                "give names or created_by; refusing to delete every tool",
+                field_violations=[("names", "empty"), ("created_by", "empty")],
+            )
+        system = set(await asyncio.to_thread(self._core.repo.names)) & {
+            t["name"] for t in self._core.system_tools
+        }
+        protected = sorted(system & set(request.names))
+        if protected:
+            raise InvalidArgument(
+                f"system tools are retired in code (RETIRED_TOOLS), not deleted: {protected}",
+                reason="SYSTEM_TOOL_PROTECTED",
+                field_violations=[("names", "contains system tools")],
+            )
+        deleted = await asyncio.to_thread(
+            self._core.repo.soft_delete, list(request.names), request.created_by
+        )
+        self._core.invalidate()
+        return rpb.DeleteToolsResponse(deleted=deleted)
+
+    async def SetToolStatus(
+        self, request: rpb.SetToolStatusRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.SetToolStatusResponse:
+        status = convert.STATUSES.get(request.status)
+        enabled = request.enabled if request.HasField("enabled") else None
+        if status is None and enabled is None:
+            raise InvalidArgument(
+                "nothing to change: give status or enabled",
+                field_violations=[("status", "unspecified")],
+            )
+        tool = await asyncio.to_thread(
+            self._core.repo.set_status, request.name, status, request.reason, enabled
+        )
+        self._core.invalidate(request.name)
+        return rpb.SetToolStatusResponse(tool=tool_to_pb(tool))

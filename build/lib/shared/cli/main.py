@@ -1,0 +1,227 @@
+"""The `toolmesh` command line: start the mesh, list and call tools, read the log and traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import grpc
+
+from shared.cli.render import print_log, print_tools, print_trace
+from shared.config import DEFAULT_COLLECTOR_PORT, Settings
+from shared.rpc_errors import from_rpc_error
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+EXIT_OK = 0
+EXIT_TOOL_ERROR = 1
+EXIT_RPC_ERROR = 2
+
+
+def _channel(settings: Settings, service: str, override: str | None) -> grpc.Channel:
+    address = override or settings.address(service)
+    return grpc.insecure_channel(address)
+
+
+def _rpc_failure(exc: grpc.RpcError, service: str, address: str) -> int:
+    err = from_rpc_error(exc)
+    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
+    if err.code == "UNAVAILABLE":
+        print(
+            f"is the mesh running? ({service} at {address}; start it with `make up`)",
+            file=sys.stderr,
+        )
+    for field, desc in err.field_violations:
+        print(f"  {field}: {desc}", file=sys.stderr)
+    return EXIT_RPC_ERROR
+
+
+def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    address = args.dispatcher or settings.address("dispatcher")
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(_channel(settings, "dispatcher", address))
+    request = dpb.DispatchToolCallRequest(
+        tool_use=pb.ToolUse(id=args.tool_use_id or "", name=args.name, input_json=args.input),
+        context=pb.CallContext(
+            tenant_id=args.tenant,
+            user_id=args.user,
+            conversation_id=args.conversation,
+            capabilities=args.capability or [],
+        ),
+    )
+    try:
+        response = stub.DispatchToolCall(request, timeout=args.timeout)
+    except grpc.RpcError as exc:
+        return _rpc_failure(exc, "dispatcher", address)
+    if args.json:
+        from google.protobuf import json_format
+
+        print(json_format.MessageToJson(response))
+    else:
+        print(response.result.content)
+        for warning in response.warnings:
+            print(warning)
+    kind = response.result.envelope.WhichOneof("kind")
+    return EXIT_TOOL_ERROR if kind == "err" or (kind is None and response.result.error) else EXIT_OK
+
+
+def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    address = args.registry or settings.address("registry")
+    stub = registry_pb2_grpc.RegistryServiceStub(_channel(settings, "registry", address))
+    try:
+        if args.all:
+            listed = stub.ListTools(rpb.ListToolsRequest(tenant_id=args.tenant), timeout=30)
+            tools = [
+                {
+                    "name": t.name,
+                    "type": pb.ToolType.Name(t.tool_type).removeprefix("TOOL_TYPE_").lower(),
+                    "status": pb.ToolStatus.Name(t.status).removeprefix("TOOL_STATUS_").lower(),
+                    "category": t.category,
+                    "description": t.description,
+                }
+                for t in listed.tools
+            ]
+        else:
+            response = stub.GetToolsForLLM(
+                rpb.GetToolsForLLMRequest(tenant_id=args.tenant), timeout=30
+            )
+            tools = [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": json.loads(t.input_schema_json),
+                }
+                for t in response.tools
+            ]
+    except grpc.RpcError as exc:
+        return _rpc_failure(exc, "registry", address)
+    print_tools(tools, as_json=args.json)
+    return EXIT_OK
+
+
+def cmd_log(args: argparse.Namespace, settings: Settings) -> int:
+    address = args.dispatcher or settings.address("dispatcher")
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(_channel(settings, "dispatcher", address))
+    try:
+        response = stub.ListExecutionLog(
+            dpb.ListExecutionLogRequest(
+                tool_name=args.tool or "",
+                tenant_id=args.tenant or "",
+                conversation_id=args.conversation or "",
+                limit=args.limit,
+            ),
+            timeout=30,
+        )
+    except grpc.RpcError as exc:
+        return _rpc_failure(exc, "dispatcher", address)
+    print_log(list(response.entries), as_json=args.json)
+    return EXIT_OK
+
+
+def cmd_seed(args: argparse.Namespace, settings: Settings) -> int:
+    address = args.registry or settings.address("registry")
+    stub = registry_pb2_grpc.RegistryServiceStub(_channel(settings, "registry", address))
+    try:
+        report = stub.SeedSystemTools(rpb.SeedSystemToolsRequest(), timeout=60)
+    except grpc.RpcError as exc:
+        return _rpc_failure(exc, "registry", address)
+    for field in ("created", "updated", "unchanged", "retired", "unknown"):
+        names = list(getattr(report, field))
+        print(f"{field:>9}: {len(names):3d}  {', '.join(names)}")
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from shared.db.engine import upgrade
+
+    upgrade(settings.database_url)
+    print(f"database at head: {settings.database_url}")
+    return EXIT_OK
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from shared.cli.up import run_up  # imports the database stack: only for `up`
+
+    return run_up(args, settings)
+
+
+def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
+    return print_trace(settings, args.trace_id, last=args.last)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolmesh", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("up", help="start every implemented service (Ctrl-C stops them)")
+    p.add_argument(
+        "--collector-port",
+        type=int,
+        default=int(os.environ.get("TOOLMESH_COLLECTOR_PORT") or DEFAULT_COLLECTOR_PORT),
+        help="port of the local OTLP span store (default 4317; ignored when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not echo service logs")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("call", help="dispatch one tool call and print the rendered result")
+    p.add_argument("name", help="tool name")
+    p.add_argument("--input", default="{}", help="tool input as a JSON object")
+    p.add_argument("--conversation", default="cli", help="conversation id (default: cli)")
+    p.add_argument("--tenant", default="default", help="tenant id (default: default)")
+    p.add_argument("--user", default="cli", help="user id (default: cli)")
+    p.add_argument("--capability", action="append", help="caller capability (repeatable)")
+    p.add_argument("--tool-use-id", default="", help="tool_use id (default: generated)")
+    p.add_argument("--timeout", type=float, default=330.0, help="RPC deadline in seconds")
+    p.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("tools", help="list the tools a model sees (or --all stored tools)")
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--all", action="store_true", help="every stored tool, internal included")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--registry", help="registry address (default: from config)")
+    p.set_defaults(func=cmd_tools)
+
+    p = sub.add_parser("log", help="show the tool execution log, newest first")
+    p.add_argument("--tool", help="only this tool")
+    p.add_argument("--tenant", help="only this tenant")
+    p.add_argument("--conversation", help="only this conversation")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
+    p.set_defaults(func=cmd_log)
+
+    p = sub.add_parser("seed", help="re-seed the system tools and print the report")
+    p.add_argument("--registry", help="registry address (default: from config)")
+    p.set_defaults(func=cmd_seed)
+
+    p = sub.add_parser("db", help="database maintenance")
+    p.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations up to head")
+    p.set_defaults(func=cmd_db)
+
+    p = sub.add_parser("trace", help="print a call's span tree from the local span store")
+    p.add_argument("trace_id", nargs="?", help="32-hex trace id (see `toolmesh log --json`)")
+    p.add_argument("--last", action="store_true", help="the most recent trace")
+    p.set_defaults(func=cmd_trace)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return EXIT_RPC_ERROR
+    return int(args.func(args, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

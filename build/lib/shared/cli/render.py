@@ -1,0 +1,89 @@
+"""Human-readable output of the CLI: tool lists, the execution log and span trees."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from shared.config import Settings
+
+
+def _width() -> int:
+    return shutil.get_terminal_size((120, 20)).columns
+
+
+def print_tools(tools: Sequence[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(list(tools), indent=2, ensure_ascii=False))
+        return
+    name_w = max((len(t["name"]) for t in tools), default=4)
+    for t in tools:
+        extra = f"[{t['type']}/{t['status']}/{t['category']}] " if "type" in t else ""
+        desc = (extra + t["description"]).replace("\n", " ")
+        room = max(20, _width() - name_w - 3)
+        print(f"{t['name']:<{name_w}}  {desc[:room]}")
+    print(f"({len(tools)} tools)")
+
+
+def print_log(entries: Sequence[Any], *, as_json: bool) -> None:
+    if as_json:
+        from google.protobuf import json_format
+
+        print(json.dumps([json_format.MessageToDict(e) for e in entries], indent=2))
+        return
+    for e in entries:
+        when = (
+            e.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+            if e.HasField("created_at")
+            else ""
+        )
+        mark = "ok " if e.success else "ERR"
+        summary = (e.error if not e.success and e.error else e.output_summary).replace("\n", " ")
+        print(
+            f"{when}  {mark}  {e.tool_name:<20} {e.execution_ms:8.1f} ms  "
+            f"{e.tenant_id}/{e.conversation_id}  trace={e.trace_id or '-'}  {summary[:80]}"
+        )
+    print(f"({len(entries)} rows)")
+
+
+def print_trace(settings: Settings, trace_id: str | None, *, last: bool) -> int:
+    from shared.telemetry.collector import read_spans
+
+    path = settings.data_dir / "spans.jsonl"
+    if not path.exists():
+        print(f"no span store at {path} (spans are stored there by `toolmesh up`)", file=sys.stderr)
+        return 2
+    spans = read_spans(path)
+    if not spans:
+        print("the span store is empty", file=sys.stderr)
+        return 2
+    if last or not trace_id:
+        trace_id = max(spans, key=lambda s: s.end_ns).trace_id
+    chosen = [s for s in spans if s.trace_id == trace_id]
+    if not chosen:
+        print(f"no spans for trace {trace_id}", file=sys.stderr)
+        return 2
+    by_parent: dict[str, list[Any]] = {}
+    ids = {s.span_id for s in chosen}
+    for s in sorted(chosen, key=lambda s: s.start_ns):
+        parent = s.parent_span_id if s.parent_span_id in ids else ""
+        by_parent.setdefault(parent, []).append(s)
+    print(f"trace {trace_id}")
+
+    def walk(parent: str, depth: int) -> None:
+        for s in by_parent.get(parent, []):
+            ms = (s.end_ns - s.start_ns) / 1e6
+            status = "" if s.status_code != "ERROR" else f"  ERROR {s.status_message}"
+            cost = s.attributes.get("toolmesh.cost.rollup_usd") or s.attributes.get(
+                "gen_ai.usage.cost.amount"
+            )
+            cost_text = f"  ${cost:.6f}" if isinstance(cost, int | float) and cost else ""
+            where = f"[{s.service_name}, {s.kind.lower()}]"
+            print(f"{'  ' * depth}{s.name}  {where}  {ms:.2f} ms{cost_text}{status}")
+            walk(s.span_id, depth + 1)
+
+    walk("", 1)
+    return 0

@@ -1,0 +1,84 @@
+"""`toolmesh up`: migrate the database, start a local span store unless an OTLP endpoint is
+configured, start every implemented service, and stop them all cleanly on Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+from shared.config import IMPLEMENTED_SERVICES, Settings
+from shared.db.engine import upgrade
+from shared.errors import ToolmeshError
+from shared.launcher import LaunchError, ServiceProcess, service_env, start_service
+
+
+def run_up(args: argparse.Namespace, settings: Settings) -> int:
+    from shared.telemetry.collector import CollectorThread, JsonlSpanSink
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    for root in settings.data_roots:
+        root.mkdir(parents=True, exist_ok=True)
+    try:
+        upgrade(settings.database_url)
+    except ToolmeshError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    env = service_env()
+    env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "1000")  # `toolmesh trace --last` right after a call
+    collector: CollectorThread | None = None
+    if settings.tracing and not settings.otlp_endpoint:
+        spans_path = settings.data_dir / "spans.jsonl"
+        collector = CollectorThread(JsonlSpanSink(spans_path), port=args.collector_port)
+        try:
+            port = collector.start()
+        except OSError as exc:
+            print(
+                f"error: cannot start the span store on 127.0.0.1:{args.collector_port} ({exc}); "
+                "pass --collector-port or set OTEL_EXPORTER_OTLP_ENDPOINT",
+                file=sys.stderr,
+            )
+            return 2
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"127.0.0.1:{port}"
+        print(f"span store      listening on 127.0.0.1:{port} -> {spans_path}", flush=True)
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    started: list[ServiceProcess] = []
+    code = 0
+    try:
+        for name in IMPLEMENTED_SERVICES:
+            proc = start_service(
+                name, env=env, port=settings.ports[name], echo_output=not args.quiet
+            )
+            started.append(proc)
+            print(f"{name:<15} listening on {proc.address}", flush=True)
+        print(f"database        {settings.database_url}", flush=True)
+        print(f"data roots      {os.pathsep.join(map(str, settings.data_roots))}", flush=True)
+        print("toolmesh is up; Ctrl-C stops it.", flush=True)
+        while not stopping.wait(0.5):
+            dead = [p for p in started if p.process.poll() is not None]
+            if dead:
+                for p in dead:
+                    print(f"{p.name} exited with {p.process.returncode}", file=sys.stderr)
+                code = 1
+                break
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    finally:
+        for proc in reversed(started):
+            proc.stop(timeout=settings.grace_s + 5)
+        if collector is not None:
+            collector.stop()
+        print("toolmesh stopped.", flush=True)
+    return code

@@ -1,0 +1,311 @@
+"""Conversions between the wire types (toolmesh.type.v1) and the Python domain types: contexts,
+envelopes, tool results and tool definitions. JSON payloads stay JSON text on the wire so integers
+survive (google.protobuf.Struct would turn them into doubles)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import pandas as pd
+from google.protobuf import json_format, struct_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from shared.arrow_ipc import dataframe_to_ipc, ipc_to_dataframe
+from shared.contract import (
+    Alternative,
+    ColumnSpec,
+    Effects,
+    Envelope,
+    Err,
+    Hint,
+    Ok,
+    ToolResult,
+    Warning,
+    measure_schema,
+    to_envelope,
+)
+from shared.contract.render import render_envelope
+from shared.errors import InvalidArgument
+from toolmesh.type.v1 import types_pb2 as pb
+
+MODES = {pb.MODE_CHAT: "chat", pb.MODE_AGENTIC: "agentic", pb.MODE_DELEGATE: "delegate"}
+MODE_VALUES = {v: k for k, v in MODES.items()}
+TOOL_TYPES = {pb.TOOL_TYPE_SYSTEM: "system", pb.TOOL_TYPE_CUSTOM: "custom", pb.TOOL_TYPE_MCP: "mcp"}
+TOOL_TYPE_VALUES = {v: k for k, v in TOOL_TYPES.items()}
+STATUSES = {
+    pb.TOOL_STATUS_DRAFT: "draft",
+    pb.TOOL_STATUS_TESTING: "testing",
+    pb.TOOL_STATUS_APPROVED: "approved",
+    pb.TOOL_STATUS_REJECTED: "rejected",
+}
+STATUS_VALUES = {v: k for k, v in STATUSES.items()}
+HINT_KINDS = {
+    pb.HINT_KIND_SCHEMA: "schema",
+    pb.HINT_KIND_FETCH: "fetch",
+    pb.HINT_KIND_AMBIGUOUS: "ambiguous",
+}
+HINT_KIND_VALUES = {v: k for k, v in HINT_KINDS.items()}
+
+
+# --- JSON -------------------------------------------------------------------------------------
+
+
+def parse_json_object(text: str, field: str) -> dict[str, Any]:
+    """Decode JSON text that must be an object; INVALID_ARGUMENT naming the field otherwise.
+    An empty string is an empty object."""
+    if text.strip() == "":
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f"{field} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            reason="INPUT_NOT_JSON",
+            field_violations=[(field, f"invalid JSON: {exc.msg}")],
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidArgument(
+            f"{field} must be a JSON object, got {type(value).__name__}",
+            reason="INPUT_NOT_OBJECT",
+            field_violations=[(field, f"must be a JSON object, got {type(value).__name__}")],
+        )
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON; non-finite floats and unknown types degrade to strings, never raise."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+def to_struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(_jsonable(value))
+    return s
+
+
+def from_struct(s: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(s)
+
+
+def to_timestamp(value: datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+# --- Envelope ---------------------------------------------------------------------------------
+
+
+def column_to_pb(c: ColumnSpec) -> pb.ColumnSpec:
+    msg = pb.ColumnSpec(
+        name=c.name,
+        dtype=c.dtype,
+        dtype_provenance=pb.DTYPE_PROVENANCE_INFERRED
+        if c.dtype_provenance == "inferred"
+        else pb.DTYPE_PROVENANCE_MEASURED,
+    )
+    if c.null_count is not None:
+        msg.null_count = c.null_count
+    if c.distinct_count is not None:
+        msg.distinct_count = c.distinct_count
+    return msg
+
+
+def column_from_pb(m: pb.ColumnSpec) -> ColumnSpec:
+    return ColumnSpec(
+        name=m.name,
+        dtype=m.dtype,
+        null_count=m.null_count if m.HasField("null_count") else None,
+        distinct_count=m.distinct_count if m.HasField("distinct_count") else None,
+        dtype_provenance="inferred"
+        if m.dtype_provenance == pb.DTYPE_PROVENANCE_INFERRED
+        else "measured",
+    )
+
+
+def dataset_to_pb(name: str, value: Any) -> pb.Dataset:
+    if not isinstance(value, pd.DataFrame):
+        raise TypeError(f"dataset {name!r} is {type(value).__name__}, not a DataFrame")
+    return pb.Dataset(
+        name=name,
+        arrow_ipc=dataframe_to_ipc(value),
+        rows=len(value),
+        columns=[column_to_pb(c) for c in measure_schema(value)],
+    )
+
+
+def export_to_pb(filename: str, e: Mapping[str, Any]) -> pb.Export:
+    return pb.Export(
+        filename=filename,
+        path=str(e.get("path", "")),
+        mime_type=str(e.get("mime_type", "")),
+        size_bytes=int(e.get("size_bytes") or 0),
+        source_tool=str(e.get("source_tool", "")),
+        original_filename=str(e.get("original_filename", "")),
+        file_id=str(e.get("file_id", "") or ""),
+    )
+
+
+def _export_from_pb(e: pb.Export) -> dict[str, Any]:
+    return {
+        "path": e.path,
+        "mime_type": e.mime_type,
+        "size_bytes": e.size_bytes,
+        "source_tool": e.source_tool,
+        "original_filename": e.original_filename,
+        "file_id": e.file_id or None,
+    }
+
+
+def effects_to_pb(fx: Effects) -> pb.Effects:
+    return pb.Effects(
+        cards=[to_struct(c) for c in fx.cards],
+        datasets=[dataset_to_pb(n, d) for n, d in fx.datasets.items()],
+        exports=[export_to_pb(n, e) for n, e in fx.exports.items()],
+        cost_usd=fx.cost,
+    )
+
+
+def envelope_to_pb(env: Envelope, *, include_datasets: bool = True) -> pb.Envelope:
+    if isinstance(env, Ok):
+        data_json = ""
+        table = None
+        if isinstance(env.data, pd.DataFrame):
+            table = dataset_to_pb("", env.data)
+        elif env.data is not None:
+            data_json = dumps(_jsonable(env.data))
+        fx = (
+            env.effects
+            if include_datasets
+            else Effects(
+                cards=env.effects.cards, exports=env.effects.exports, cost=env.effects.cost
+            )
+        )
+        return pb.Envelope(
+            ok=pb.Ok(
+                rows=env.rows,
+                schema=[column_to_pb(c) for c in env.schema],
+                data_json=data_json,
+                warnings=[
+                    pb.Warning(kind=w.kind, message=w.message, details=to_struct(w.details))
+                    for w in env.warnings
+                ],
+                effects=effects_to_pb(fx),
+                table=table,
+            )
+        )
+    if isinstance(env, Hint):
+        return pb.Envelope(
+            hint=pb.Hint(
+                hint_kind=HINT_KIND_VALUES[env.hint_kind],
+                message=env.message,
+                alternatives=[
+                    pb.Alternative(label=a.label, score=a.score, details=to_struct(a.details))
+                    for a in env.alternatives
+                ],
+            )
+        )
+    return pb.Envelope(err=pb.Err(message=env.message, err_kind=env.err_kind))
+
+
+def envelope_from_pb(m: pb.Envelope) -> Envelope:
+    kind = m.WhichOneof("kind")
+    if kind == "ok":
+        ok = m.ok
+        data: Any = None
+        if ok.HasField("table"):
+            data = ipc_to_dataframe(ok.table.arrow_ipc)
+        elif ok.data_json:
+            data = json.loads(ok.data_json)
+        return Ok(
+            rows=ok.rows,
+            schema=[column_from_pb(c) for c in ok.schema],
+            data=data,
+            warnings=[
+                Warning(kind=w.kind, message=w.message, details=from_struct(w.details))
+                for w in ok.warnings
+            ],
+            effects=Effects(
+                cards=[from_struct(c) for c in ok.effects.cards],
+                datasets={d.name: ipc_to_dataframe(d.arrow_ipc) for d in ok.effects.datasets},
+                exports={e.filename: _export_from_pb(e) for e in ok.effects.exports},
+                cost=ok.effects.cost_usd,
+            ),
+        )
+    if kind == "hint":
+        h = m.hint
+        return Hint(
+            hint_kind=HINT_KINDS.get(h.hint_kind, "schema"),  # type: ignore[arg-type]
+            message=h.message,
+            alternatives=[
+                Alternative(label=a.label, score=a.score, details=from_struct(a.details))
+                for a in h.alternatives
+            ],
+        )
+    if kind == "err":
+        return Err(message=m.err.message, err_kind=m.err.err_kind)
+    return Err(message="result carried no envelope", err_kind="empty_result")
+
+
+# --- ToolResult -------------------------------------------------------------------------------
+
+
+def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
+    """Serialise a handler's result. Content is the rendered envelope; datasets go as Arrow IPC
+    once (in the result, not again inside the envelope's effects)."""
+    envelope = to_envelope(result)
+    content = result.content if result.envelope is not None else render_envelope(envelope)
+    return pb.ToolResult(
+        content=content,
+        cards=[to_struct(c) for c in result.cards],
+        cost_usd=result.cost,
+        datasets=[dataset_to_pb(n, d) for n, d in result.datasets.items()],
+        exports=[export_to_pb(n, e) for n, e in result.exports.items()],
+        error=result.error or "",
+        envelope=envelope_to_pb(envelope, include_datasets=False),
+    )
+
+
+def tool_result_from_pb(m: pb.ToolResult) -> ToolResult:
+    envelope = envelope_from_pb(m.envelope) if m.HasField("envelope") else None
+    return ToolResult(
+        content=m.content,
+        cards=[from_struct(c) for c in m.cards],
+        cost=m.cost_usd,
+        datasets={d.name: ipc_to_dataframe(d.arrow_ipc) for d in m.datasets},
+        exports={e.filename: _export_from_pb(e) for e in m.exports},
+        error=m.error or None,
+        envelope=envelope,
+    )
+
+
+def error_result_pb(message: str, err_kind: str) -> pb.ToolResult:
+    """A ToolResult carrying only an Err envelope."""
+    env = Err(message=message, err_kind=err_kind)
+    return pb.ToolResult(content=render_envelope(env), error=message, envelope=envelope_to_pb(env))
+
+
+def envelope_kind(m: pb.ToolResult) -> str:
+    """ "ok", "hint" or "err" of a wire result."""
+    kind = m.envelope.WhichOneof("kind") if m.HasField("envelope") else None
+    if kind:
+        return kind
+    return "err" if m.error else "ok"

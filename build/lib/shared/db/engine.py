@@ -1,0 +1,99 @@
+"""Database engines: SQLite (WAL) embedded by default, PostgreSQL via TOOLMESH_DATABASE_URL;
+Alembic migrations; and the translation of driver failures into UNAVAILABLE."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import InterfaceError as SAInterfaceError
+from sqlalchemy.orm import Session, sessionmaker
+
+from shared.errors import Unavailable
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def normalize_url(url: str) -> str:
+    """Use the psycopg 3 driver for a bare postgresql:// URL."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _ensure_sqlite_dir(url: str) -> None:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        _ensure_sqlite_dir(url)
+        engine = create_engine(url, connect_args={"timeout": 10})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
+    )
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str) -> None:
+    """Apply every migration up to head (idempotent)."""
+    _ensure_sqlite_dir(normalize_url(url))
+    with translate_db_errors():
+        command.upgrade(alembic_config(url), "head")
+
+
+@contextlib.contextmanager
+def translate_db_errors() -> Iterator[None]:
+    """Turn a database that cannot be reached into Unavailable (gRPC UNAVAILABLE)."""
+    try:
+        yield
+    except (OperationalError, SAInterfaceError) as exc:
+        logger.warning("database unavailable: %s", exc.orig or exc)
+        raise Unavailable(
+            f"database unavailable: {_first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+        ) from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise Unavailable(
+                f"database connection lost: {_first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+            ) from exc
+        raise
+
+
+def _first_line(exc: DBAPIError) -> str:
+    return str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc).strip() else ""

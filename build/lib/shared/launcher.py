@@ -1,0 +1,132 @@
+"""Starting service processes: used by `toolmesh up` and by the integration tests, so both run
+the mesh the same way. Each service announces readiness with one JSON line on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from shared.service_main import EXIT_WITH_PARENT_ENV, READY_EVENT
+
+
+class LaunchError(RuntimeError):
+    """A service process exited or never announced readiness."""
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    process: subprocess.Popen[str]
+    address: str
+    output: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait for a graceful exit, SIGKILL after `timeout`."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        if self.pump is not None:
+            self.pump.join(timeout=5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return self.process.returncode
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None], sink: list[str], echo: bool) -> None:
+    for line in stream:
+        sink.append(line)
+        lines.put(line)
+        if echo:
+            sys.stderr.write(line)
+    lines.put(None)
+
+
+def start_service(
+    name: str,
+    *,
+    env: Mapping[str, str],
+    port: int,
+    timeout: float = 60.0,
+    echo_output: bool = False,
+) -> ServiceProcess:
+    """Start `python -m services.<name> --port N` and wait until it says it is ready."""
+    return start_process(
+        name,
+        ["-m", f"services.{name}", "--port", str(port)],
+        env=env,
+        timeout=timeout,
+        echo_output=echo_output,
+    )
+
+
+def start_process(
+    name: str,
+    python_args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float = 60.0,
+    echo_output: bool = False,
+) -> ServiceProcess:
+    """Start `python <python_args>` and wait for its ready line naming `name`."""
+    process = subprocess.Popen(
+        [sys.executable, *python_args],
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
+    assert process.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    output: list[str] = []
+    pump = threading.Thread(
+        target=_pump, args=(process.stdout, lines, output, echo_output), daemon=True
+    )
+    pump.start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            ServiceProcess(name, process, "", output, pump).stop(timeout=1)
+            raise LaunchError(f"{name} not ready after {timeout:.0f}s:\n{''.join(output[-40:])}")
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            ServiceProcess(name, process, "", output, pump).stop(timeout=1)
+            raise LaunchError(
+                f"{name} exited with {process.returncode} before it was ready:\n"
+                + "".join(output[-40:])
+            )
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == READY_EVENT and event.get("service") == name:
+                return ServiceProcess(name, process, str(event["address"]), output, pump)
+
+
+def service_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(overrides)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # A launched service stops by itself when its launcher dies (see shared.server).
+    env.setdefault(EXIT_WITH_PARENT_ENV, "1")
+    return env

@@ -1,0 +1,222 @@
+"""The one server pattern every service uses: grpc.aio with the tracing/error interceptor, the
+standard health service, server reflection, and graceful shutdown on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from shared.errors import Internal, ToolmeshError
+from shared.rpc_errors import to_status_code, trailing_metadata
+from shared.service_main import EXIT_WITH_PARENT_ENV
+from shared.telemetry.tracing import current_trace_id, extract_context, tracer
+
+logger = logging.getLogger(__name__)
+
+# Infrastructure RPCs that are not traced (they would drown real calls), but still error-mapped.
+_UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Per RPC: a SERVER span continuing the caller's trace, and the mapping of ToolmeshError to
+    a rich status (any other exception becomes INTERNAL without a traceback)."""
+
+    def __init__(self, tracing: bool) -> None:
+        self._tracing = tracing
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method: str = handler_call_details.method
+        traced = self._tracing and not method.startswith(_UNTRACED_PREFIXES)
+        service, _, name = method.lstrip("/").rpartition("/")
+        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+        span_name = method.lstrip("/")
+
+        def start_span(context: grpc.aio.ServicerContext) -> Any:
+            if not traced:
+                return trace.use_span(trace.INVALID_SPAN)
+            md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            return tracer().start_as_current_span(
+                span_name,
+                context=extract_context(md),
+                kind=SpanKind.SERVER,
+                attributes=attrs,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                with start_span(context) as span:
+                    try:
+                        return await inner(request, context)
+                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
+                        await _abort(context, span, exc, method)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                with start_span(context) as span:
+                    try:
+                        async for item in inner_stream(request, context):
+                            yield item
+                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
+                        await _abort(context, span, exc, method)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # stream-unary / stream-stream: reflection only; passed through
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext, span: trace.Span, exc: Exception, method: str
+) -> None:
+    if isinstance(exc, grpc.aio.AbortError) or _is_abort(exc):
+        raise exc
+    if isinstance(exc, ToolmeshError):
+        error = exc
+        logger.info("%s -> %s (%s): %s", method, error.code, error.reason, error.message)
+    else:
+        trace_id = current_trace_id()
+        logger.error("unhandled error in %s", method, exc_info=exc)
+        error = Internal(
+            f"internal error in {method}" + (f" (trace {trace_id})" if trace_id else ""),
+            reason="INTERNAL",
+        )
+    code = to_status_code(error)
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    span.set_attribute("error.type", error.reason)
+    span.set_status(Status(StatusCode.ERROR, error.message))
+    await context.abort(code, error.message, trailing_metadata=trailing_metadata(error))
+
+
+def _is_abort(exc: Exception) -> bool:
+    # grpc.aio raises a private AbortError subclass of Exception from context.abort().
+    return type(exc).__name__ == "AbortError"
+
+
+@dataclass
+class ServiceBinding:
+    """A servicer and the generated function that adds it to a server."""
+
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    servicer: Any
+    full_name: str
+
+
+async def create_server(
+    bindings: Iterable[ServiceBinding],
+    *,
+    host: str,
+    port: int,
+    tracing: bool,
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Build and start a server with health, reflection and the interceptor. Returns the bound
+    port (pass port 0 in tests to get a free one)."""
+    bindings = list(bindings)
+    server = grpc.aio.server(
+        interceptors=[ServerInterceptor(tracing)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    for binding in bindings:
+        binding.add_to_server(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [b.full_name for b in bindings]
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind {host}:{port}")
+    await server.start()
+    for name in [*names, ""]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound, health_servicer
+
+
+async def _watch_parent(stop: asyncio.Event, interval_s: float = 1.0) -> None:
+    """Stop when the launching process is gone (we get re-parented)."""
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(interval_s)
+        if os.getppid() != parent:
+            logger.warning("launcher (pid %d) is gone; shutting down", parent)
+            stop.set()
+
+
+def install_stop_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT. Install it before announcing readiness, so a signal
+    that arrives right after start-up still stops the service gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_signalled(
+    server: grpc.aio.Server,
+    health_servicer: health.aio.HealthServicer,
+    stop: asyncio.Event,
+    *,
+    grace_s: float,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until `stop` is set (see install_stop_signals), then report NOT_SERVING, drain
+    in-flight calls for up to `grace_s` seconds, and run `on_stop`."""
+    waiter = asyncio.ensure_future(server.wait_for_termination())
+    stopper = asyncio.ensure_future(stop.wait())
+    watcher = (
+        asyncio.ensure_future(_watch_parent(stop))
+        if os.environ.get(EXIT_WITH_PARENT_ENV) == "1"
+        else None
+    )
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if watcher is not None:
+        watcher.cancel()
+    logger.info("shutting down (grace %.1fs)", grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace_s)
+    for task in (waiter, stopper):
+        task.cancel()
+    if on_stop is not None:
+        await on_stop()

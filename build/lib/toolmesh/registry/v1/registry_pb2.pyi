@@ -1,0 +1,146 @@
+from toolmesh.type.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ExecuteToolRequest(_message.Message):
+    __slots__ = ("name", "input_json", "context")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    input_json: str
+    context: _types_pb2.CallContext
+    def __init__(self, name: _Optional[str] = ..., input_json: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
+
+class ExecuteToolResponse(_message.Message):
+    __slots__ = ("result", "tool_type", "execution_ms")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_MS_FIELD_NUMBER: _ClassVar[int]
+    result: _types_pb2.ToolResult
+    tool_type: _types_pb2.ToolType
+    execution_ms: float
+    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., tool_type: _Optional[_Union[_types_pb2.ToolType, str]] = ..., execution_ms: _Optional[float] = ...) -> None: ...
+
+class GetToolsForLLMRequest(_message.Message):
+    __slots__ = ("tenant_id",)
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    def __init__(self, tenant_id: _Optional[str] = ...) -> None: ...
+
+class LlmTool(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ...) -> None: ...
+
+class GetToolsForLLMResponse(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[LlmTool]
+    def __init__(self, tools: _Optional[_Iterable[_Union[LlmTool, _Mapping]]] = ...) -> None: ...
+
+class ListToolsRequest(_message.Message):
+    __slots__ = ("tenant_id", "tool_type", "include_deleted", "category", "created_by")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DELETED_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    tool_type: _types_pb2.ToolType
+    include_deleted: bool
+    category: str
+    created_by: str
+    def __init__(self, tenant_id: _Optional[str] = ..., tool_type: _Optional[_Union[_types_pb2.ToolType, str]] = ..., include_deleted: _Optional[bool] = ..., category: _Optional[str] = ..., created_by: _Optional[str] = ...) -> None: ...
+
+class ListToolsResponse(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolDefinition]
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolDefinition, _Mapping]]] = ...) -> None: ...
+
+class GetToolRequest(_message.Message):
+    __slots__ = ("name", "tenant_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tenant_id: str
+    def __init__(self, name: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+
+class GetToolResponse(_message.Message):
+    __slots__ = ("tool",)
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    tool: _types_pb2.ToolDefinition
+    def __init__(self, tool: _Optional[_Union[_types_pb2.ToolDefinition, _Mapping]] = ...) -> None: ...
+
+class SeedSystemToolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SeedSystemToolsResponse(_message.Message):
+    __slots__ = ("created", "updated", "unchanged", "retired", "unknown")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    created: _containers.RepeatedScalarFieldContainer[str]
+    updated: _containers.RepeatedScalarFieldContainer[str]
+    unchanged: _containers.RepeatedScalarFieldContainer[str]
+    retired: _containers.RepeatedScalarFieldContainer[str]
+    unknown: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, created: _Optional[_Iterable[str]] = ..., updated: _Optional[_Iterable[str]] = ..., unchanged: _Optional[_Iterable[str]] = ..., retired: _Optional[_Iterable[str]] = ..., unknown: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UpsertToolsRequest(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolDefinition]
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolDefinition, _Mapping]]] = ...) -> None: ...
+
+class UpsertToolsResponse(_message.Message):
+    __slots__ = ("tools",)
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolDefinition]
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolDefinition, _Mapping]]] = ...) -> None: ...
+
+class DeleteToolsRequest(_message.Message):
+    __slots__ = ("names", "created_by")
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[str]
+    created_by: str
+    def __init__(self, names: _Optional[_Iterable[str]] = ..., created_by: _Optional[str] = ...) -> None: ...
+
+class DeleteToolsResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetToolStatusRequest(_message.Message):
+    __slots__ = ("name", "status", "reason", "enabled")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: _types_pb2.ToolStatus
+    reason: str
+    enabled: bool
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.ToolStatus, str]] = ..., reason: _Optional[str] = ..., enabled: _Optional[bool] = ...) -> None: ...
+
+class SetToolStatusResponse(_message.Message):
+    __slots__ = ("tool",)
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    tool: _types_pb2.ToolDefinition
+    def __init__(self, tool: _Optional[_Union[_types_pb2.ToolDefinition, _Mapping]] = ...) -> None: ...
