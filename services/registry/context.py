@@ -13,7 +13,7 @@ import pandas as pd
 from shared.config import Settings
 
 if TYPE_CHECKING:
-    from shared.contract import ToolResult
+    from shared.contract import ContractRecorder, ToolResult
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,8 @@ class ToolContext:
     datasets: DatasetStore | None = None
     caller: ToolCaller | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    # Where the contract boundary counts this call's envelope (the registry's counters).
+    contract_recorder: ContractRecorder | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

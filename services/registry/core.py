@@ -1,6 +1,12 @@
 """The registry's domain core: system handler registration, the model-facing catalog, input
 validation and execute_tool routing (system handlers in-process; custom tools to the sandbox;
-MCP tools to the bridge). Imports no grpc; tested without a network."""
+MCP tools to the bridge). Imports no grpc; tested without a network.
+
+Handler registration applies the Uniform Tool Contract: a handler whose tool has a ToolSpec
+(`migrate_tool`) is wrapped with the contract boundary when it is registered, so every dispatched
+call gets the envelope's coercion, validation and `contract_envelope` telemetry while a direct
+caller of the handler function still gets its ToolResult; a source-decorated handler
+(`@uniform_contract`) is used as it is. Counters of those envelopes are per registry process."""
 
 from __future__ import annotations
 
@@ -16,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import jsonschema
-import pandas as pd
 from jsonschema.exceptions import ValidationError
 from opentelemetry.trace import Status, StatusCode
 
@@ -26,13 +31,22 @@ from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
 from shared.contract import (
     Alternative,
+    ContractCounters,
+    ContractEvent,
+    Envelope,
     Err,
     Hint,
     HintException,
     ToolResult,
+    ToolSpec,
     envelope_to_tool_result,
+    exception_to_envelope,
+    get_spec,
+    is_contract_wrapped,
+    normalise_result,
+    wrap_handler,
 )
-from shared.contract.result import exception_to_envelope
+from shared.contract.telemetry import emit
 from shared.errors import FailedPrecondition, NotFound
 from shared.telemetry.tracing import span_attributes, tracer
 
@@ -123,6 +137,8 @@ class Registry:
         max_depth: int = 8,
         disabled_flags: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.monotonic,
+        contract_stats: ContractCounters | None = None,
+        specs: Callable[[str], ToolSpec | None] = get_spec,
     ) -> None:
         self._repo = repo
         self._context_defaults = context_defaults
@@ -133,6 +149,8 @@ class Registry:
         self._cache_ttl_s = cache_ttl_s
         self._max_depth = max_depth
         self._clock = clock
+        self._specs = specs
+        self.contract_stats = contract_stats if contract_stats is not None else ContractCounters()
         self.system_tools = build_system_tools(disabled_flags)
 
     # --- registration ---------------------------------------------------------------------
@@ -155,22 +173,42 @@ class Registry:
         return report
 
     def register_handler(self, name: str, handler: Handler) -> None:
-        self._handlers[name] = handler
+        """Register `handler` for `name`, behind the contract boundary when `name` has a spec."""
+        self._handlers[name] = self._apply_contract(name, handler)
+
+    def _apply_contract(self, name: str, handler: Handler) -> Handler:
+        if is_contract_wrapped(handler):
+            return handler  # source-decorated: already returns envelopes
+        spec = self._specs(name)
+        if spec is None:
+            return handler
+        return cast(Handler, wrap_handler(handler, spec))
 
     def auto_register_handlers(self) -> dict[str, str]:
-        """Import the handler of every live system row. A broken handler is logged and skipped;
-        returns {name: error} for those."""
+        """Import the handler of every live system row and register it (wrapped with the
+        contract when its tool has a spec). A broken handler is logged and skipped; returns
+        {name: error} for those."""
         failures: dict[str, str] = {}
+        no_spec: list[str] = []
         for tool in self._repo.find(tool_type="system"):
             if not tool.handler_path:
                 continue
             try:
-                self._handlers[tool.name] = resolve_handler(tool.handler_path)
+                handler = resolve_handler(tool.handler_path)
             except (ImportError, AttributeError, TypeError, ValueError) as exc:
                 failures[tool.name] = f"{type(exc).__name__}: {exc}"
                 logger.warning(
                     "handler of %s (%s) not registered: %s", tool.name, tool.handler_path, exc
                 )
+                continue
+            self.register_handler(tool.name, handler)
+            if self._specs(tool.name) is None:
+                no_spec.append(tool.name)
+        if no_spec:
+            logger.warning(
+                "system tools without a contract spec (legacy results, no contract telemetry): %s",
+                ", ".join(sorted(no_spec)),
+            )
         logger.info("registered %d system handlers", len(self._handlers))
         return failures
 
@@ -228,6 +266,7 @@ class Registry:
         if reasoning is not None:
             context.reasoning = str(reasoning)
         context.tool_name = name
+        context.contract_recorder = self.contract_stats
         if self._context_defaults is not None:
             self._context_defaults(context)
         with tracer().start_as_current_span(
@@ -253,15 +292,22 @@ class Registry:
                 span.set_status(Status(StatusCode.ERROR, (result.error or "")[:200]))
         return Execution(result=result, tool=tool, execution_ms=(self._clock() - started) * 1000)
 
+    def _answer(self, tool: ToolDef, envelope: Envelope) -> ToolResult:
+        """An envelope the registry answers itself, without running the handler; counted with
+        the tool's contract envelopes when the tool has a spec."""
+        if tool.tool_type == "system" and self._specs(tool.name) is not None:
+            emit(ContractEvent.of(tool.name, envelope, origin="registry"), self.contract_stats)
+        return envelope_to_tool_result(envelope)
+
     async def _guarded(
         self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
     ) -> ToolResult:
         refusal = self._refusal(tool, context)
         if refusal is not None:
-            return envelope_to_tool_result(refusal)
+            return self._answer(tool, refusal)
         hint = self._validate(tool, inputs)
         if hint is not None:
-            return envelope_to_tool_result(hint)
+            return self._answer(tool, hint)
         if tool.tool_type == "system":
             return await self._run_system(tool, inputs, context)
         executor = self._routes.get(tool.tool_type)
@@ -330,12 +376,13 @@ class Registry:
     ) -> ToolResult:
         handler = self._handlers.get(tool.name)
         if handler is None:
-            return envelope_to_tool_result(
+            return self._answer(
+                tool,
                 Err(
                     f"system tool {tool.name!r} has no registered handler "
                     f"({tool.handler_path or 'no handler_path'})",
                     err_kind="handler_missing",
-                )
+                ),
             )
         try:
             if inspect.iscoroutinefunction(handler):
@@ -344,43 +391,13 @@ class Registry:
                 raw = await asyncio.to_thread(handler, inputs, context)
                 if inspect.isawaitable(raw):
                     raw = await raw
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, HintException):
-                logger.warning(
-                    "tool %s raised %s: %s", tool.name, type(exc).__name__, exc, exc_info=True
-                )
+        except HintException as exc:
+            return envelope_to_tool_result(exc.to_hint())
+        except Exception as exc:  # a handler without a contract spec: its failure is an Err
+            logger.exception("tool %s raised %s: %s", tool.name, type(exc).__name__, exc)
             return envelope_to_tool_result(exception_to_envelope(exc))
+        # A contract-wrapped handler returned an envelope; a legacy one keeps its own content.
         return normalise_result(tool.name, raw)
-
-
-def normalise_result(tool_name: str, raw: Any) -> ToolResult:
-    """Coerce whatever a handler returned into a ToolResult; a malformed return is an Err whose
-    kind names the problem, never a crash."""
-    try:
-        result = ToolResult.from_any(raw)
-    except TypeError as exc:
-        return envelope_to_tool_result(Err(str(exc), err_kind="invalid_result"))
-    for name, value in result.datasets.items():
-        if not isinstance(value, pd.DataFrame):
-            return envelope_to_tool_result(
-                Err(
-                    f"{tool_name} returned dataset {name!r} as {type(value).__name__}, "
-                    "not a DataFrame",
-                    err_kind="invalid_dataset",
-                )
-            )
-    for card in result.cards:
-        if not isinstance(card, Mapping):
-            return envelope_to_tool_result(
-                Err(f"{tool_name} returned a card that is not an object", err_kind="invalid_card")
-            )
-    if not isinstance(result.content, str):
-        return envelope_to_tool_result(
-            Err(f"{tool_name} returned non-text content", err_kind="invalid_result")
-        )
-    return result
 
 
 def describe_violation(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +17,7 @@ from services.registry.core import Registry
 from services.registry.model import NAME_PATTERN, ToolDef
 from shared import convert
 from shared.clients import traced_call
-from shared.contract import ToolResult
+from shared.contract import ToolContractStats, ToolResult
 from shared.errors import InvalidArgument
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
@@ -144,6 +146,19 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
     )
 
 
+def contract_stats_to_pb(s: ToolContractStats) -> rpb.ContractStats:
+    return rpb.ContractStats(
+        tool_name=s.tool_name,
+        ok_count=s.ok,
+        hint_count=s.hint,
+        err_count=s.err,
+        hint_kinds=dict(s.hint_kinds),
+        err_kinds=dict(s.err_kinds),
+        contract_violation_count=s.contract_violations,
+        coerced_count=s.coerced,
+    )
+
+
 class GrpcToolCaller:
     """Tool composition: a handler's call_tool goes back through the registry's gRPC API with
     the same context (depth + 1), so it is traced, validated and routed like any call."""
@@ -173,6 +188,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     def __init__(self, core: Registry, *, max_input_bytes: int) -> None:
         self._core = core
         self._max_input_bytes = max_input_bytes
+        self._instance = f"{socket.gethostname()}/{os.getpid()}"
 
     async def ExecuteTool(
         self, request: rpb.ExecuteToolRequest, context: grpc.aio.ServicerContext
@@ -296,3 +312,14 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         )
         self._core.invalidate(request.name)
         return rpb.SetToolStatusResponse(tool=tool_to_pb(tool))
+
+    async def GetContractStats(
+        self, request: rpb.GetContractStatsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.GetContractStatsResponse:
+        counters = self._core.contract_stats
+        stats = counters.snapshot(request.tool_name or None)
+        return rpb.GetContractStatsResponse(
+            stats=[contract_stats_to_pb(s) for s in stats],
+            counting_since=convert.to_timestamp(counters.since),
+            instance=self._instance,
+        )

@@ -3,6 +3,7 @@ model cannot fix by re-calling), plus HintException, which handlers raise to ret
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -10,6 +11,8 @@ import pandas as pd
 
 HintKind = Literal["schema", "fetch", "ambiguous"]
 HINT_KINDS: tuple[HintKind, ...] = ("schema", "fetch", "ambiguous")
+EnvelopeKind = Literal["ok", "hint", "err"]
+ENVELOPE_KINDS: tuple[EnvelopeKind, ...] = ("ok", "hint", "err")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,15 @@ class Err:
 Envelope = Ok | Hint | Err
 
 
+def envelope_kind(envelope: Envelope) -> EnvelopeKind:
+    """ "ok", "hint" or "err"."""
+    if isinstance(envelope, Ok):
+        return "ok"
+    if isinstance(envelope, Hint):
+        return "hint"
+    return "err"
+
+
 class HintException(Exception):
     """Raised by a handler to answer with a Hint instead of a failure."""
 
@@ -109,6 +121,30 @@ class HintException(Exception):
 
     def to_hint(self) -> Hint:
         return Hint(self.hint_kind, self.message, list(self.alternatives))
+
+
+def is_scalar_record(value: Any) -> bool:
+    """A non-empty dict whose values are all scalars (one row of a table)."""
+    return (
+        isinstance(value, Mapping)
+        and bool(value)
+        and all(v is None or pd.api.types.is_scalar(v) for v in value.values())
+    )
+
+
+def infer_schema(record: Mapping[str, Any]) -> list[ColumnSpec]:
+    """The schema of a single-row dict of scalars: dtypes inferred from the Python values
+    (`dtype_provenance="inferred"`), since one value cannot be measured like a column."""
+    return [
+        ColumnSpec(
+            name=str(key),
+            dtype="null" if value is None else pd.api.types.infer_dtype([value], skipna=False),
+            null_count=int(value is None),
+            distinct_count=None if value is None else 1,
+            dtype_provenance="inferred",
+        )
+        for key, value in record.items()
+    ]
 
 
 def measure_schema(df: pd.DataFrame) -> list[ColumnSpec]:

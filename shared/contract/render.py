@@ -1,13 +1,20 @@
 """render_envelope: the text the model reads. The rendering is the model-facing contract; every
-template is locked by golden snapshot tests.
+template is locked by the golden snapshots in tests/golden/render/.
 
     Ok                ✓ ok. N row(s).  + schema line + bounded preview (true count, elided rows)
     Hint(schema)      ⚠ schema hint: … + "did you mean:" ranked alternatives
-    Hint(fetch)       ⚠ fetch hint: …  + an "add:" or "narrow:" line
+    Hint(fetch)       ⚠ fetch hint: …  + an "add:" or "narrow:" line per alternative
     Hint(ambiguous)   ⚠ ambiguous: …   + "pick one:" candidates
     Err               ✗ error (kind): message
     Ok.warnings       ⚠ <kind>: <message> inline in an otherwise successful render
-"""
+
+The preview of a table is a window, never the whole table: at most PREVIEW_ROWS rows and the
+columns that fit PREVIEW_COLUMNS / TABLE_WIDTH, aligned by display width. The status line states
+the true row count (Ok.rows) and marker lines say what was left out:
+`... (N more rows) ...`, `... (N earlier rows) ...` and `... (N more columns: a, b) ...`.
+A DataFrame that is a slice of a larger result (`df.iloc[k:k + n]`, whose RangeIndex starts at
+k) is marked as such. An Ok without a table (a text, render or status tool) renders as `✓ ok.`
+followed by its text or JSON."""
 
 from __future__ import annotations
 
@@ -17,40 +24,95 @@ from typing import Any
 import pandas as pd
 
 from shared.contract.envelope import Alternative, ColumnSpec, Envelope, Err, Hint, Ok
+from shared.contract.table import (
+    COLUMN_GAP,
+    FormattedColumn,
+    escape_controls,
+    fit,
+    format_columns,
+    lay_out,
+)
 
 PREVIEW_ROWS = 10
 PREVIEW_COLUMNS = 20
-CELL_WIDTH = 60
+TABLE_WIDTH = 160  # display columns of a preview line before further columns are left out
+NAMED_HIDDEN_COLUMNS = 10  # hidden columns listed by name in the marker line
 OK_PREFIX = "✓ ok."
 
 
-def _plural_rows(n: int) -> str:
-    return f"{n} row(s)."
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _schema_line(schema: list[ColumnSpec]) -> str:
+def _column_name(name: str) -> str:
+    """A column name as written in the schema line: quoted when it could be misread."""
+    if not name or any(c.isspace() or c in ',"()' for c in name):
+        return json.dumps(name, ensure_ascii=False)
+    return escape_controls(name)
+
+
+def schema_line(schema: list[ColumnSpec]) -> str:
+    """`schema: name dtype, …` with the null count of columns that have nulls."""
     parts = []
     for col in schema:
-        part = f"{col.name} {col.dtype}"
+        part = f"{_column_name(col.name)} {col.dtype}"
         if col.null_count:
             part += f" ({col.null_count} null)"
         parts.append(part)
     return "schema: " + ", ".join(parts)
 
 
-def _preview(df: pd.DataFrame, total_rows: int) -> list[str]:
+def _window_offset(df: pd.DataFrame, total_rows: int) -> int:
+    """Where `df` starts in the full result: the start of a positional RangeIndex when that is
+    consistent with the true row count, else 0."""
+    index = df.index
+    if (
+        isinstance(index, pd.RangeIndex)
+        and index.step == 1
+        and index.start > 0
+        and index.start + len(df) <= total_rows
+    ):
+        return int(index.start)
+    return 0
+
+
+def _hidden_columns_marker(names: list[str]) -> str:
+    listed = ", ".join(fit(n) for n in names[:NAMED_HIDDEN_COLUMNS])
+    if len(names) > NAMED_HIDDEN_COLUMNS:
+        listed += ", …"
+    return f"... ({len(names)} more {'column' if len(names) == 1 else 'columns'}: {listed}) ..."
+
+
+def preview(df: pd.DataFrame, total_rows: int) -> list[str]:
+    """The bounded, honestly labelled preview lines of a table whose full result has
+    `total_rows` rows."""
+    if df.shape[1] == 0:
+        return ["(no columns)"]
+    if total_rows == 0 and len(df) == 0:
+        return ["(no rows)"]
+    offset = _window_offset(df, total_rows)
     shown = df.iloc[:PREVIEW_ROWS]
-    hidden_cols = max(0, shown.shape[1] - PREVIEW_COLUMNS)
-    if hidden_cols:
-        shown = shown.iloc[:, :PREVIEW_COLUMNS]
-    if shown.shape[1] == 0:
-        return []
-    lines = shown.to_string(index=False, max_colwidth=CELL_WIDTH, na_rep="null").splitlines()
-    if hidden_cols:
-        lines.append(f"... ({hidden_cols} more columns) ...")
-    elided = total_rows - len(shown)
-    if elided > 0:
-        lines.append(f"... ({elided} more rows) ...")
+    lines: list[str] = []
+    if offset:
+        lines.append(f"... ({_plural(offset, 'earlier row')}) ...")
+    if len(shown) == 0:
+        lines.append(f"... ({_plural(total_rows - offset, 'row')} not shown) ...")
+        return lines
+    columns = format_columns(shown, PREVIEW_COLUMNS)
+    kept: list[FormattedColumn] = []
+    used = 0
+    for column in columns:
+        width = column.width + (len(COLUMN_GAP) if kept else 0)
+        if kept and used + width > TABLE_WIDTH:
+            break
+        kept.append(column)
+        used += width
+    lines.extend(lay_out(kept, len(shown)))
+    after = max(0, total_rows - offset - len(shown))
+    if after:
+        lines.append(f"... ({_plural(after, 'more row')}) ...")
+    if len(kept) < df.shape[1]:
+        lines.append(_hidden_columns_marker([str(c) for c in df.columns[len(kept) :]]))
     return lines
 
 
@@ -61,22 +123,20 @@ def _render_data(data: Any) -> list[str]:
         return [data] if data else []
     try:
         return [json.dumps(data, ensure_ascii=False, indent=2, default=str)]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # circular structures
         return [str(data)]
-
-
-def _ranked(alternatives: list[Alternative]) -> str:
-    return ", ".join(f"{a.label} ({a.score:.2f})" for a in alternatives)
 
 
 def render_ok(ok: Ok) -> str:
     lines: list[str] = []
-    if ok.schema or isinstance(ok.data, pd.DataFrame):
-        lines.append(f"{OK_PREFIX} {_plural_rows(ok.rows)}")
+    if ok.schema or isinstance(ok.data, pd.DataFrame) or ok.rows:
+        lines.append(f"{OK_PREFIX} {ok.rows} row(s).")
         if ok.schema:
-            lines.append(_schema_line(ok.schema))
+            lines.append(schema_line(ok.schema))
         if isinstance(ok.data, pd.DataFrame):
-            lines.extend(_preview(ok.data, ok.rows))
+            lines.extend(preview(ok.data, ok.rows))
+        else:
+            lines.extend(_render_data(ok.data))
     else:
         lines.append(OK_PREFIX)
         lines.extend(_render_data(ok.data))
@@ -84,22 +144,30 @@ def render_ok(ok: Ok) -> str:
     return "\n".join(lines)
 
 
+def _ranked(alternatives: list[Alternative]) -> list[Alternative]:
+    """Best first; equal scores keep the order the tool gave."""
+    return sorted(alternatives, key=lambda a: -a.score)
+
+
+def _candidate(alt: Alternative) -> str:
+    return f"{escape_controls(alt.label)} ({alt.score:.2f})"
+
+
 def render_hint(hint: Hint) -> str:
+    ranked = _ranked(hint.alternatives)
     if hint.hint_kind == "schema":
         lines = [f"⚠ schema hint: {hint.message}"]
-        if hint.alternatives:
-            lines.append(f"did you mean: {_ranked(hint.alternatives)}")
+        if ranked:
+            lines.append("did you mean: " + ", ".join(_candidate(a) for a in ranked))
     elif hint.hint_kind == "fetch":
         lines = [f"⚠ fetch hint: {hint.message}"]
-        for alt in hint.alternatives:
+        for alt in ranked:
             action = "narrow" if alt.details.get("action") == "narrow" else "add"
-            lines.append(f"{action}: {alt.label}")
+            lines.append(f"{action}: {escape_controls(alt.label)}")
     else:
         lines = [f"⚠ ambiguous: {hint.message}"]
-        if hint.alternatives:
-            lines.append(
-                "pick one: " + " | ".join(f"{a.label} ({a.score:.2f})" for a in hint.alternatives)
-            )
+        if ranked:
+            lines.append("pick one: " + " | ".join(_candidate(a) for a in ranked))
     return "\n".join(lines)
 
 

@@ -1,10 +1,18 @@
 """ToolResult — what handlers return (the spec's dataclass) — and the coercions between it, the
-legacy dict shape and the typed envelope."""
+legacy dict shape and the typed envelope:
+
+* `to_envelope`: a legacy result as an envelope (the spec's coercion rules);
+* `envelope_to_tool_result`: an envelope back to a ToolResult at the dispatch boundary;
+* `exception_to_envelope`: HintException → Hint, any other exception → Err;
+* `coerce_return` / `normalise_result`: whatever a handler returned, checked — a return of the
+  wrong type, a dataset that is not a DataFrame or a card that is not a JSON object is an Err
+  whose kind names the problem, never a crash."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -16,17 +24,19 @@ from shared.contract.envelope import (
     Err,
     Hint,
     HintException,
+    HintKind,
     Ok,
     measure_schema,
 )
-from shared.contract.render import render_envelope
+from shared.contract.render import render_envelope, strip_ok_status
 
-HINT_PREFIXES = {"schema hint:": "schema", "fetch hint:": "fetch"}
+HINT_PREFIXES: dict[str, HintKind] = {"schema hint:": "schema", "fetch hint:": "fetch"}
 
 
 @dataclass
 class ToolResult:
-    """The legacy-compatible result of a handler. `error` None means success."""
+    """The legacy-compatible result of a handler. `error` None means success. `envelope` is the
+    typed envelope the content was rendered from, when there is one."""
 
     content: str = ""
     cards: list[dict[str, Any]] = field(default_factory=list)
@@ -61,11 +71,20 @@ class ToolResult:
             f"handler returned {type(value).__name__}; expected ToolResult, dict, str or envelope"
         )
 
+    def content_as_data(self) -> str:
+        """The content as data for another tool's handler (RAG synthesis, enrichment, …): the
+        leading `✓ ok.` status line is stripped; Hint and Err text is kept intact, so a caller
+        cannot mistake a failure for content."""
+        return strip_ok_status(self.content)
+
+    # The spec's name for content_as_data (engine/tool_result.py:_get_content).
+    _get_content = content_as_data
+
 
 def to_envelope(result: ToolResult) -> Envelope:
     """Coerce a legacy ToolResult to an envelope: a `schema hint:`/`fetch hint:` error becomes
     that Hint, any other error Err(err_kind="legacy"), anything else Ok with the schema measured
-    from the first dataset."""
+    from the first dataset and the content as its data."""
     if result.envelope is not None:
         return result.envelope
     if result.error is not None:
@@ -73,7 +92,7 @@ def to_envelope(result: ToolResult) -> Envelope:
         lowered = text.lower()
         for prefix, kind in HINT_PREFIXES.items():
             if lowered.startswith(prefix):
-                return Hint(hint_kind=kind, message=text[len(prefix) :].strip())  # type: ignore[arg-type]
+                return Hint(hint_kind=kind, message=text[len(prefix) :].strip())
         return Err(message=text, err_kind="legacy")
     effects = Effects(
         cards=list(result.cards),
@@ -92,7 +111,8 @@ def to_envelope(result: ToolResult) -> Envelope:
 
 
 def envelope_to_tool_result(envelope: Envelope) -> ToolResult:
-    """Translate an envelope back to a ToolResult at the dispatch boundary."""
+    """Translate an envelope back to a ToolResult at the dispatch boundary: Ok carries its
+    effects, Hint is not an error, Err sets `error`."""
     rendered = render_envelope(envelope)
     if isinstance(envelope, Ok):
         fx = envelope.effects
@@ -110,7 +130,82 @@ def envelope_to_tool_result(envelope: Envelope) -> ToolResult:
 
 
 def exception_to_envelope(exc: BaseException) -> Envelope:
-    """A handler's exception as an envelope: HintException first, anything else an Err."""
+    """A handler's exception as an envelope: HintException first, anything else an Err named
+    after the exception class."""
     if isinstance(exc, HintException):
         return exc.to_hint()
     return Err(message=str(exc) or type(exc).__name__, err_kind=type(exc).__name__)
+
+
+# --- checks of what a handler returned ----------------------------------------------------------
+
+
+def check_effects(
+    tool_name: str, cards: list[Any], datasets: Mapping[str, Any], content: Any = ""
+) -> Err | None:
+    """The Err for a malformed part of a result, or None when every part is well-formed."""
+    if not isinstance(content, str):
+        return Err(
+            f"{tool_name} returned {type(content).__name__} content, not text",
+            err_kind="invalid_result",
+        )
+    for name, value in datasets.items():
+        if not isinstance(value, pd.DataFrame):
+            return Err(
+                f"{tool_name} returned dataset {name!r} as {type(value).__name__}, not a DataFrame",
+                err_kind="invalid_dataset",
+            )
+    for position, card in enumerate(cards):
+        if not isinstance(card, Mapping):
+            return Err(
+                f"{tool_name} returned card {position} as {type(card).__name__}, not an object",
+                err_kind="invalid_card",
+            )
+        try:
+            json.dumps(card)
+        except (TypeError, ValueError) as exc:
+            return Err(
+                f"{tool_name} returned card {position}, which is not JSON-serialisable: {exc}",
+                err_kind="invalid_card",
+            )
+    return None
+
+
+def _checked_envelope(tool_name: str, envelope: Envelope) -> Envelope:
+    if not isinstance(envelope, Ok):
+        return envelope
+    problem = check_effects(tool_name, envelope.effects.cards, envelope.effects.datasets)
+    if problem is not None:
+        return problem
+    if isinstance(envelope.data, pd.DataFrame) and not envelope.schema:
+        # The schema is measured from the data, never declared: fill in a forgotten one.
+        return replace(envelope, schema=measure_schema(envelope.data))
+    return envelope
+
+
+def coerce_return(tool_name: str, raw: Any) -> tuple[Envelope, bool]:
+    """A handler's return as a checked envelope, and whether it was coerced from a legacy shape
+    (ToolResult without an envelope, dict, str) rather than returned as an envelope."""
+    if isinstance(raw, Ok | Hint | Err):
+        return _checked_envelope(tool_name, raw), False
+    if isinstance(raw, ToolResult) and raw.envelope is not None:
+        return _checked_envelope(tool_name, raw.envelope), False
+    try:
+        result = ToolResult.from_any(raw)
+    except TypeError as exc:
+        return Err(f"{tool_name}: {exc}", err_kind="invalid_result"), True
+    problem = check_effects(tool_name, result.cards, result.datasets, result.content)
+    if problem is not None:
+        return problem, True
+    return to_envelope(result), True
+
+
+def normalise_result(tool_name: str, raw: Any) -> ToolResult:
+    """Whatever a handler without a contract spec returned, as a checked ToolResult (a legacy
+    result keeps its own content)."""
+    try:
+        result = ToolResult.from_any(raw)
+    except TypeError as exc:
+        return envelope_to_tool_result(Err(f"{tool_name}: {exc}", err_kind="invalid_result"))
+    problem = check_effects(tool_name, result.cards, result.datasets, result.content)
+    return result if problem is None else envelope_to_tool_result(problem)

@@ -1,7 +1,12 @@
 """Handlers of the "analysis" system tools: load_dataset (a CSV/Parquet file inside the data roots
 into a conversation dataset), preview_data, describe_entry and query (read-only DuckDB SQL over
-the conversation's datasets). Each is a sync `(inputs, context) -> ToolResult` run in a worker
-thread; recoverable mistakes raise HintException, real failures raise the exceptions below."""
+the conversation's datasets). Each is a sync `(inputs, context)` handler run in a worker thread;
+recoverable mistakes raise HintException, real failures raise the exceptions below.
+
+All four are tabular under the Uniform Tool Contract. load_dataset, preview_data and query are
+spec-only (`migrate_tool`: they return a ToolResult, and the registry wraps them);
+describe_entry is source-decorated (`@uniform_contract`: it returns Ok, and a direct caller gets
+the envelope — a Hint rather than a raised HintException)."""
 
 from __future__ import annotations
 
@@ -27,12 +32,15 @@ from services.registry.datasets import dataframe_to_arrow, unique_names
 from shared.contract import (
     Alternative,
     ColumnSpec,
+    Envelope,
     HintException,
     Ok,
     ToolResult,
     Warning,
     envelope_to_tool_result,
     measure_schema,
+    migrate_tool,
+    uniform_contract,
 )
 
 logger = logging.getLogger(__name__)
@@ -552,6 +560,9 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     return _ok(Ok(rows=len(df), schema=measure_schema(df), data=df, warnings=warnings))
 
 
+migrate_tool(load_dataset, "load_dataset", is_tabular=True)
+
+
 # --------------------------------------------------------------------------------------------
 # preview_data and describe_entry
 
@@ -581,6 +592,9 @@ def preview_data(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     return _ok(Ok(rows=total, schema=measure_schema(df), data=window, warnings=warnings))
 
 
+migrate_tool(preview_data, "preview_data", is_tabular=True)
+
+
 def _min_max(col: pd.Series) -> tuple[str | None, str | None]:
     """Min and max of a numeric or date/time column as text; (None, None) otherwise."""
     dtype = col.dtype
@@ -596,7 +610,8 @@ def _min_max(col: pd.Series) -> tuple[str | None, str | None]:
     return str(values.min()), str(values.max())
 
 
-def describe_entry(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
+@uniform_contract(name="describe_entry", is_tabular=True)
+def describe_entry(inputs: dict[str, Any], context: ToolContext) -> Envelope:
     """Per-column dtype, null/distinct counts and numeric/date min/max of a dataset."""
     name = _required_str(inputs, "name")
     _, df = _load_named(context, name)
@@ -624,7 +639,7 @@ def describe_entry(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             "max": pd.Series([r["max"] for r in records], dtype="str"),
         }
     )
-    return _ok(Ok(rows=len(records), schema=schema, data=description))
+    return Ok(rows=len(records), schema=schema, data=description)
 
 
 # --------------------------------------------------------------------------------------------
@@ -916,3 +931,6 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     else:
         schema = measure_schema(full)
     return _ok(Ok(rows=total, schema=schema, data=returned, warnings=warnings))
+
+
+migrate_tool(query, "query", is_tabular=True)

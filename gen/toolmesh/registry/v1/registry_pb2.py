@@ -22,50 +22,65 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#toolmesh/registry/v1/registry.proto\x12\x14toolmesh.registry.v1\x1a\x1ctoolmesh/type/v1/types.proto\"f\n\x12\x45xecuteToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x88\x01\n\x13\x45xecuteToolResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12-\n\ttool_type\x18\x02 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12\x14\n\x0c\x65xecution_ms\x18\x03 \x01(\x01\"*\n\x15GetToolsForLLMRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"G\n\x07LlmTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\"F\n\x16GetToolsForLLMResponse\x12,\n\x05tools\x18\x01 \x03(\x0b\x32\x1d.toolmesh.registry.v1.LlmTool\"\x93\x01\n\x10ListToolsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12-\n\ttool_type\x18\x02 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12\x17\n\x0finclude_deleted\x18\x03 \x01(\x08\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x12\n\ncreated_by\x18\x05 \x01(\t\"D\n\x11ListToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"1\n\x0eGetToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"A\n\x0fGetToolResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"\x18\n\x16SeedSystemToolsRequest\"p\n\x17SeedSystemToolsResponse\x12\x0f\n\x07\x63reated\x18\x01 \x03(\t\x12\x0f\n\x07updated\x18\x02 \x03(\t\x12\x11\n\tunchanged\x18\x03 \x03(\t\x12\x0f\n\x07retired\x18\x04 \x03(\t\x12\x0f\n\x07unknown\x18\x05 \x03(\t\"E\n\x12UpsertToolsRequest\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"F\n\x13UpsertToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"7\n\x12\x44\x65leteToolsRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\ncreated_by\x18\x02 \x01(\t\"&\n\x13\x44\x65leteToolsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\t\"\x84\x01\n\x14SetToolStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x07\x65nabled\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_enabled\"G\n\x15SetToolStatusResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition2\xba\x06\n\x0fRegistryService\x12\x62\n\x0b\x45xecuteTool\x12(.toolmesh.registry.v1.ExecuteToolRequest\x1a).toolmesh.registry.v1.ExecuteToolResponse\x12k\n\x0eGetToolsForLLM\x12+.toolmesh.registry.v1.GetToolsForLLMRequest\x1a,.toolmesh.registry.v1.GetToolsForLLMResponse\x12\\\n\tListTools\x12&.toolmesh.registry.v1.ListToolsRequest\x1a\'.toolmesh.registry.v1.ListToolsResponse\x12V\n\x07GetTool\x12$.toolmesh.registry.v1.GetToolRequest\x1a%.toolmesh.registry.v1.GetToolResponse\x12n\n\x0fSeedSystemTools\x12,.toolmesh.registry.v1.SeedSystemToolsRequest\x1a-.toolmesh.registry.v1.SeedSystemToolsResponse\x12\x62\n\x0bUpsertTools\x12(.toolmesh.registry.v1.UpsertToolsRequest\x1a).toolmesh.registry.v1.UpsertToolsResponse\x12\x62\n\x0b\x44\x65leteTools\x12(.toolmesh.registry.v1.DeleteToolsRequest\x1a).toolmesh.registry.v1.DeleteToolsResponse\x12h\n\rSetToolStatus\x12*.toolmesh.registry.v1.SetToolStatusRequest\x1a+.toolmesh.registry.v1.SetToolStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#toolmesh/registry/v1/registry.proto\x12\x14toolmesh.registry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"f\n\x12\x45xecuteToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ninput_json\x18\x02 \x01(\t\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x88\x01\n\x13\x45xecuteToolResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12-\n\ttool_type\x18\x02 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12\x14\n\x0c\x65xecution_ms\x18\x03 \x01(\x01\"*\n\x15GetToolsForLLMRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"G\n\x07LlmTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\"F\n\x16GetToolsForLLMResponse\x12,\n\x05tools\x18\x01 \x03(\x0b\x32\x1d.toolmesh.registry.v1.LlmTool\"\x93\x01\n\x10ListToolsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12-\n\ttool_type\x18\x02 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12\x17\n\x0finclude_deleted\x18\x03 \x01(\x08\x12\x10\n\x08\x63\x61tegory\x18\x04 \x01(\t\x12\x12\n\ncreated_by\x18\x05 \x01(\t\"D\n\x11ListToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"1\n\x0eGetToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"A\n\x0fGetToolResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"\x18\n\x16SeedSystemToolsRequest\"p\n\x17SeedSystemToolsResponse\x12\x0f\n\x07\x63reated\x18\x01 \x03(\t\x12\x0f\n\x07updated\x18\x02 \x03(\t\x12\x11\n\tunchanged\x18\x03 \x03(\t\x12\x0f\n\x07retired\x18\x04 \x03(\t\x12\x0f\n\x07unknown\x18\x05 \x03(\t\"E\n\x12UpsertToolsRequest\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"F\n\x13UpsertToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"7\n\x12\x44\x65leteToolsRequest\x12\r\n\x05names\x18\x01 \x03(\t\x12\x12\n\ncreated_by\x18\x02 \x01(\t\"&\n\x13\x44\x65leteToolsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x03(\t\"\x84\x01\n\x14SetToolStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x07\x65nabled\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_enabled\"G\n\x15SetToolStatusResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\",\n\x17GetContractStatsRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\"\x85\x03\n\rContractStats\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x10\n\x08ok_count\x18\x02 \x01(\x03\x12\x12\n\nhint_count\x18\x03 \x01(\x03\x12\x11\n\terr_count\x18\x04 \x01(\x03\x12\x46\n\nhint_kinds\x18\x05 \x03(\x0b\x32\x32.toolmesh.registry.v1.ContractStats.HintKindsEntry\x12\x44\n\terr_kinds\x18\x06 \x03(\x0b\x32\x31.toolmesh.registry.v1.ContractStats.ErrKindsEntry\x12 \n\x18\x63ontract_violation_count\x18\x07 \x01(\x03\x12\x15\n\rcoerced_count\x18\x08 \x01(\x03\x1a\x30\n\x0eHintKindsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rErrKindsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x94\x01\n\x18GetContractStatsResponse\x12\x32\n\x05stats\x18\x01 \x03(\x0b\x32#.toolmesh.registry.v1.ContractStats\x12\x32\n\x0e\x63ounting_since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08instance\x18\x03 \x01(\t2\xad\x07\n\x0fRegistryService\x12\x62\n\x0b\x45xecuteTool\x12(.toolmesh.registry.v1.ExecuteToolRequest\x1a).toolmesh.registry.v1.ExecuteToolResponse\x12k\n\x0eGetToolsForLLM\x12+.toolmesh.registry.v1.GetToolsForLLMRequest\x1a,.toolmesh.registry.v1.GetToolsForLLMResponse\x12\\\n\tListTools\x12&.toolmesh.registry.v1.ListToolsRequest\x1a\'.toolmesh.registry.v1.ListToolsResponse\x12V\n\x07GetTool\x12$.toolmesh.registry.v1.GetToolRequest\x1a%.toolmesh.registry.v1.GetToolResponse\x12n\n\x0fSeedSystemTools\x12,.toolmesh.registry.v1.SeedSystemToolsRequest\x1a-.toolmesh.registry.v1.SeedSystemToolsResponse\x12\x62\n\x0bUpsertTools\x12(.toolmesh.registry.v1.UpsertToolsRequest\x1a).toolmesh.registry.v1.UpsertToolsResponse\x12\x62\n\x0b\x44\x65leteTools\x12(.toolmesh.registry.v1.DeleteToolsRequest\x1a).toolmesh.registry.v1.DeleteToolsResponse\x12h\n\rSetToolStatus\x12*.toolmesh.registry.v1.SetToolStatusRequest\x1a+.toolmesh.registry.v1.SetToolStatusResponse\x12q\n\x10GetContractStats\x12-.toolmesh.registry.v1.GetContractStatsRequest\x1a..toolmesh.registry.v1.GetContractStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.registry.v1.registry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EXECUTETOOLREQUEST']._serialized_start=91
-  _globals['_EXECUTETOOLREQUEST']._serialized_end=193
-  _globals['_EXECUTETOOLRESPONSE']._serialized_start=196
-  _globals['_EXECUTETOOLRESPONSE']._serialized_end=332
-  _globals['_GETTOOLSFORLLMREQUEST']._serialized_start=334
-  _globals['_GETTOOLSFORLLMREQUEST']._serialized_end=376
-  _globals['_LLMTOOL']._serialized_start=378
-  _globals['_LLMTOOL']._serialized_end=449
-  _globals['_GETTOOLSFORLLMRESPONSE']._serialized_start=451
-  _globals['_GETTOOLSFORLLMRESPONSE']._serialized_end=521
-  _globals['_LISTTOOLSREQUEST']._serialized_start=524
-  _globals['_LISTTOOLSREQUEST']._serialized_end=671
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=673
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=741
-  _globals['_GETTOOLREQUEST']._serialized_start=743
-  _globals['_GETTOOLREQUEST']._serialized_end=792
-  _globals['_GETTOOLRESPONSE']._serialized_start=794
-  _globals['_GETTOOLRESPONSE']._serialized_end=859
-  _globals['_SEEDSYSTEMTOOLSREQUEST']._serialized_start=861
-  _globals['_SEEDSYSTEMTOOLSREQUEST']._serialized_end=885
-  _globals['_SEEDSYSTEMTOOLSRESPONSE']._serialized_start=887
-  _globals['_SEEDSYSTEMTOOLSRESPONSE']._serialized_end=999
-  _globals['_UPSERTTOOLSREQUEST']._serialized_start=1001
-  _globals['_UPSERTTOOLSREQUEST']._serialized_end=1070
-  _globals['_UPSERTTOOLSRESPONSE']._serialized_start=1072
-  _globals['_UPSERTTOOLSRESPONSE']._serialized_end=1142
-  _globals['_DELETETOOLSREQUEST']._serialized_start=1144
-  _globals['_DELETETOOLSREQUEST']._serialized_end=1199
-  _globals['_DELETETOOLSRESPONSE']._serialized_start=1201
-  _globals['_DELETETOOLSRESPONSE']._serialized_end=1239
-  _globals['_SETTOOLSTATUSREQUEST']._serialized_start=1242
-  _globals['_SETTOOLSTATUSREQUEST']._serialized_end=1374
-  _globals['_SETTOOLSTATUSRESPONSE']._serialized_start=1376
-  _globals['_SETTOOLSTATUSRESPONSE']._serialized_end=1447
-  _globals['_REGISTRYSERVICE']._serialized_start=1450
-  _globals['_REGISTRYSERVICE']._serialized_end=2276
+  _globals['_CONTRACTSTATS_HINTKINDSENTRY']._loaded_options = None
+  _globals['_CONTRACTSTATS_HINTKINDSENTRY']._serialized_options = b'8\001'
+  _globals['_CONTRACTSTATS_ERRKINDSENTRY']._loaded_options = None
+  _globals['_CONTRACTSTATS_ERRKINDSENTRY']._serialized_options = b'8\001'
+  _globals['_EXECUTETOOLREQUEST']._serialized_start=124
+  _globals['_EXECUTETOOLREQUEST']._serialized_end=226
+  _globals['_EXECUTETOOLRESPONSE']._serialized_start=229
+  _globals['_EXECUTETOOLRESPONSE']._serialized_end=365
+  _globals['_GETTOOLSFORLLMREQUEST']._serialized_start=367
+  _globals['_GETTOOLSFORLLMREQUEST']._serialized_end=409
+  _globals['_LLMTOOL']._serialized_start=411
+  _globals['_LLMTOOL']._serialized_end=482
+  _globals['_GETTOOLSFORLLMRESPONSE']._serialized_start=484
+  _globals['_GETTOOLSFORLLMRESPONSE']._serialized_end=554
+  _globals['_LISTTOOLSREQUEST']._serialized_start=557
+  _globals['_LISTTOOLSREQUEST']._serialized_end=704
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=706
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=774
+  _globals['_GETTOOLREQUEST']._serialized_start=776
+  _globals['_GETTOOLREQUEST']._serialized_end=825
+  _globals['_GETTOOLRESPONSE']._serialized_start=827
+  _globals['_GETTOOLRESPONSE']._serialized_end=892
+  _globals['_SEEDSYSTEMTOOLSREQUEST']._serialized_start=894
+  _globals['_SEEDSYSTEMTOOLSREQUEST']._serialized_end=918
+  _globals['_SEEDSYSTEMTOOLSRESPONSE']._serialized_start=920
+  _globals['_SEEDSYSTEMTOOLSRESPONSE']._serialized_end=1032
+  _globals['_UPSERTTOOLSREQUEST']._serialized_start=1034
+  _globals['_UPSERTTOOLSREQUEST']._serialized_end=1103
+  _globals['_UPSERTTOOLSRESPONSE']._serialized_start=1105
+  _globals['_UPSERTTOOLSRESPONSE']._serialized_end=1175
+  _globals['_DELETETOOLSREQUEST']._serialized_start=1177
+  _globals['_DELETETOOLSREQUEST']._serialized_end=1232
+  _globals['_DELETETOOLSRESPONSE']._serialized_start=1234
+  _globals['_DELETETOOLSRESPONSE']._serialized_end=1272
+  _globals['_SETTOOLSTATUSREQUEST']._serialized_start=1275
+  _globals['_SETTOOLSTATUSREQUEST']._serialized_end=1407
+  _globals['_SETTOOLSTATUSRESPONSE']._serialized_start=1409
+  _globals['_SETTOOLSTATUSRESPONSE']._serialized_end=1480
+  _globals['_GETCONTRACTSTATSREQUEST']._serialized_start=1482
+  _globals['_GETCONTRACTSTATSREQUEST']._serialized_end=1526
+  _globals['_CONTRACTSTATS']._serialized_start=1529
+  _globals['_CONTRACTSTATS']._serialized_end=1918
+  _globals['_CONTRACTSTATS_HINTKINDSENTRY']._serialized_start=1821
+  _globals['_CONTRACTSTATS_HINTKINDSENTRY']._serialized_end=1869
+  _globals['_CONTRACTSTATS_ERRKINDSENTRY']._serialized_start=1871
+  _globals['_CONTRACTSTATS_ERRKINDSENTRY']._serialized_end=1918
+  _globals['_GETCONTRACTSTATSRESPONSE']._serialized_start=1921
+  _globals['_GETCONTRACTSTATSRESPONSE']._serialized_end=2069
+  _globals['_REGISTRYSERVICE']._serialized_start=2072
+  _globals['_REGISTRYSERVICE']._serialized_end=3013
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from toolmesh.type.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -144,3 +147,53 @@ class SetToolStatusResponse(_message.Message):
     TOOL_FIELD_NUMBER: _ClassVar[int]
     tool: _types_pb2.ToolDefinition
     def __init__(self, tool: _Optional[_Union[_types_pb2.ToolDefinition, _Mapping]] = ...) -> None: ...
+
+class GetContractStatsRequest(_message.Message):
+    __slots__ = ("tool_name",)
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    tool_name: str
+    def __init__(self, tool_name: _Optional[str] = ...) -> None: ...
+
+class ContractStats(_message.Message):
+    __slots__ = ("tool_name", "ok_count", "hint_count", "err_count", "hint_kinds", "err_kinds", "contract_violation_count", "coerced_count")
+    class HintKindsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ErrKindsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    OK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HINT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    HINT_KINDS_FIELD_NUMBER: _ClassVar[int]
+    ERR_KINDS_FIELD_NUMBER: _ClassVar[int]
+    CONTRACT_VIOLATION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    COERCED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    tool_name: str
+    ok_count: int
+    hint_count: int
+    err_count: int
+    hint_kinds: _containers.ScalarMap[str, int]
+    err_kinds: _containers.ScalarMap[str, int]
+    contract_violation_count: int
+    coerced_count: int
+    def __init__(self, tool_name: _Optional[str] = ..., ok_count: _Optional[int] = ..., hint_count: _Optional[int] = ..., err_count: _Optional[int] = ..., hint_kinds: _Optional[_Mapping[str, int]] = ..., err_kinds: _Optional[_Mapping[str, int]] = ..., contract_violation_count: _Optional[int] = ..., coerced_count: _Optional[int] = ...) -> None: ...
+
+class GetContractStatsResponse(_message.Message):
+    __slots__ = ("stats", "counting_since", "instance")
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    COUNTING_SINCE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    stats: _containers.RepeatedCompositeFieldContainer[ContractStats]
+    counting_since: _timestamp_pb2.Timestamp
+    instance: str
+    def __init__(self, stats: _Optional[_Iterable[_Union[ContractStats, _Mapping]]] = ..., counting_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., instance: _Optional[str] = ...) -> None: ...

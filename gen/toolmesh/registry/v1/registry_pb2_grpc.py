@@ -75,6 +75,11 @@ class RegistryServiceStub:
                 request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusResponse.FromString,
                 _registered_method=True)
+        self.GetContractStats = channel.unary_unary(
+                '/toolmesh.registry.v1.RegistryService/GetContractStats',
+                request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -141,6 +146,15 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetContractStats(self, request, context):
+        """Per-tool counters of Uniform Tool Contract envelopes (Ok / Hint / Err, with hint_kind and
+        err_kind tallies) recorded by the registry process that answers, since it started: each
+        replica counts only the calls it ran, so behind a load balancer this is one replica's view.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +197,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.SetToolStatus,
                     request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusRequest.FromString,
                     response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusResponse.SerializeToString,
+            ),
+            'GetContractStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetContractStats,
+                    request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.FromString,
+                    response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -402,6 +421,33 @@ class RegistryService:
             '/toolmesh.registry.v1.RegistryService/SetToolStatus',
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusRequest.SerializeToString,
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.SetToolStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetContractStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.registry.v1.RegistryService/GetContractStats',
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.SerializeToString,
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
