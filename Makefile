@@ -71,6 +71,7 @@ up: $(STAMP) gen
 
 bench: $(STAMP)
 	$(PY) -m bench.dispatch_overhead
+	$(PY) -m bench.guardrails_overhead
 
 clean:
 	rm -rf .toolmesh .pytest_cache .mypy_cache .ruff_cache

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,12 +72,15 @@ async def bench_mesh(
         try:
             channel = grpc.aio.insecure_channel(processes[1].address)
             stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
-            request = dpb.DispatchToolCallRequest(
-                tool_use=pb.ToolUse(name="ping", input_json='{"echo": "x"}'),
-                context=pb.CallContext(tenant_id="bench", conversation_id="bench"),
-            )
+            context = pb.CallContext(tenant_id="bench", conversation_id="bench")
+            counter = itertools.count()
 
             async def call() -> None:
+                # A distinct input per call: identical consecutive calls trip the loop guard.
+                request = dpb.DispatchToolCallRequest(
+                    tool_use=pb.ToolUse(name="ping", input_json=f'{{"echo": {next(counter)}}}'),
+                    context=context,
+                )
                 response = await stub.DispatchToolCall(request)
                 if response.result.error:
                     raise RuntimeError(response.result.error)

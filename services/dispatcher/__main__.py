@@ -8,6 +8,7 @@ import asyncio
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.logstore import SqlCallLog
 from services.dispatcher.servicer import DispatcherServicer, GrpcRegistryGateway
+from services.dispatcher.statestore import SqlGuardrailStore
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory
@@ -33,6 +34,7 @@ async def serve(settings: Settings, port: int) -> None:
     core = Dispatcher(
         GrpcRegistryGateway(clients.registry(), settings.tracing),
         log,
+        SqlGuardrailStore(engine),
         timeout_s=settings.tool_timeout_s,
         max_input_bytes=settings.max_input_bytes,
     )
@@ -51,6 +53,7 @@ async def serve(settings: Settings, port: int) -> None:
     announce_ready(SERVICE, f"{settings.host}:{bound}")
 
     async def on_stop() -> None:
+        await core.close()
         await clients.close()
         await asyncio.to_thread(log.close)
         engine.dispose()

@@ -1,6 +1,7 @@
-"""Durable execution logging: tool_execution_log rows and full conversation_events, written with
-group commit — every call awaits the commit of the transaction that holds its rows, and one
-transaction holds all of a call's rows, so a failure leaves no partial rows."""
+"""Durable execution logging: tool_execution_log rows, full conversation_events and the
+guardrail state updates of each call, written with group commit — every call awaits the commit
+of the transaction that holds its rows, and one transaction holds all of a call's rows, so a
+failure leaves no partial rows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, insert, select, text
+from sqlalchemy import Connection, Engine, Executable, Table, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
@@ -42,9 +43,21 @@ class EventRecord:
     tool_use_id: str = ""
 
 
+class StateWrite(Protocol):
+    """A guardrail state update (loop guard, failed approach, observation) applied in the same
+    transaction as the call's log rows: one statement and its parameters, so the writes of a
+    group commit run as one executemany per statement, in order."""
+
+    @property
+    def statement(self) -> Executable: ...
+
+    def params(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class CallRecord:
-    """Everything one dispatched call logs: its tool_execution_log row and its events."""
+    """Everything one dispatched call logs: its tool_execution_log row, its events and the
+    guardrail state it updates."""
 
     tool_name: str
     tenant_id: str
@@ -59,6 +72,7 @@ class CallRecord:
     execution_ms: float
     trace_id: str
     events: list[EventRecord] = field(default_factory=list)
+    state_writes: list[StateWrite] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -300,3 +314,9 @@ def _insert_records(conn: Connection, records: Sequence[CallRecord]) -> None:
     conn.execute(insert(_LOG), log_rows)
     if event_rows:
         conn.execute(insert(_EVENTS), event_rows)
+    grouped: dict[Executable, list[dict[str, Any]]] = {}
+    for record in records:
+        for write in record.state_writes:
+            grouped.setdefault(write.statement, []).append(write.params())
+    for statement, params in grouped.items():
+        conn.execute(statement, params)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from shared.cli import guardrails, stats
 from shared.cli.render import print_log, print_tools, print_trace
 from shared.config import DEFAULT_COLLECTOR_PORT, Settings
 from shared.rpc_errors import from_rpc_error
@@ -205,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("db", help="database maintenance")
     p.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations up to head")
     p.set_defaults(func=cmd_db)
+
+    stats.add_subcommands(sub)
+    guardrails.add_subcommands(sub)
 
     p = sub.add_parser("trace", help="print a call's span tree from the local span store")
     p.add_argument("trace_id", nargs="?", help="32-hex trace id (see `toolmesh log --json`)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -185,4 +186,121 @@ class ConversationDatasetRow(Base):
             "name",
             name="uq_conversation_datasets_key",
         ),
+    )
+
+
+# --- dispatcher guardrails (migration 0002) ---------------------------------------------------
+
+
+class PolicyRuleRow(Base):
+    """policy_rules: dispatcher rules checked before a call runs (deny a tool, require a prior
+    tool, constrain an argument, rate-limit a tool). Disabled, never deleted."""
+
+    __tablename__ = "policy_rules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    mode: Mapped[str] = mapped_column(String(16), nullable=False)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    message: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    enabled: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    created_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+    __table_args__ = (Index("ix_policy_rules_tenant_enabled", "tenant_id", "enabled"),)
+
+
+class ObservationRow(Base):
+    """observations: how often a user's calls violated a policy rule; the count escalates the
+    wording the model is shown."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    user_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    rule_id: Mapped[int] = mapped_column(ForeignKey("policy_rules.id"), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    first_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "user_id", "rule_id", name="uq_observations_key"),
+    )
+
+
+class FailedApproachRow(Base):
+    """failed_approaches: per conversation, a tool + arguments (narration keys excluded) that
+    failed, with the last reason and the number of attempts."""
+
+    __tablename__ = "failed_approaches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    identity_hash: Mapped[str] = mapped_column(String(16), nullable=False)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    first_failed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_failed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint(
+            "tenant_id",
+            "conversation_id",
+            "tool_name",
+            "identity_hash",
+            name="uq_failed_approaches_key",
+        ),
+    )
+
+
+class ConversationStateRow(Base):
+    """conversation_state: the dispatcher's per-conversation state shared by every replica —
+    the loop guard (identity hash of the last call and its consecutive count, ordered by
+    call_seq) and the cancellation epoch (a call started before an epoch bump is cancelled)."""
+
+    __tablename__ = "conversation_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    call_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    loop_hash: Mapped[str] = mapped_column(String(16), nullable=False, default="")
+    loop_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cancel_epoch: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "conversation_id", name="uq_conversation_state_key"),
+    )
+
+
+class RateLimitCounterRow(Base):
+    """rate_limit_counters: calls per (rate-limit rule, tenant, tool, fixed window), incremented
+    atomically before a call runs so every replica counts against the same limit."""
+
+    __tablename__ = "rate_limit_counters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rule_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    window_start: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+    __table_args__ = (
+        UniqueConstraint(
+            "rule_id", "tenant_id", "tool_name", "window_start", name="uq_rate_limit_counters_key"
+        ),
+        Index("ix_rate_limit_counters_window", "window_start"),
     )

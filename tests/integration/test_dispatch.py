@@ -151,8 +151,9 @@ def test_every_call_writes_a_log_row_and_full_conversation_events(mesh: Mesh) ->
     events = mesh.dispatcher.ListConversationEvents(
         dpb.ListConversationEventsRequest(conversation_id="events", tenant_id="tenant-a")
     ).events
-    assert [e.event_type for e in events] == ["tool_call", "tool_result"]
-    call, result = (json.loads(e.data_json) for e in events)
+    assert [e.event_type for e in events] == ["tool_call", "decision", "tool_result", "outcome"]
+    by_type = {e.event_type: json.loads(e.data_json) for e in events}
+    call, result = by_type["tool_call"], by_type["tool_result"]
     assert call["input"]["echo"] == big
     assert call["reasoning"] == "to test"
     assert result["content"] == response.result.content  # untruncated

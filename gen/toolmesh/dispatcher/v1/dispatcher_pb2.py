@@ -26,13 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/dispatcher/v1/dispatcher.proto\x12\x16toolmesh.dispatcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"v\n\x17\x44ispatchToolCallRequest\x12+\n\x08tool_use\x18\x01 \x01(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x97\x01\n\x18\x44ispatchToolCallResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x11\n\targs_hash\x18\x04 \x01(\t\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"x\n\x18\x44ispatchToolCallsRequest\x12,\n\ttool_uses\x18\x01 \x03(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"^\n\x19\x44ispatchToolCallsResponse\x12\x41\n\x07results\x18\x01 \x03(\x0b\x32\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\";\n\rCancelRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\":\n\x0e\x43\x61ncelResponse\x12\x17\n\x0f\x63\x61ncelled_calls\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"g\n\x17ListExecutionLogRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xbb\x02\n\x11\x45xecutionLogEntry\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x05 \x01(\t\x12\x0f\n\x07success\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x14\n\x0c\x65xecution_ms\x18\x08 \x01(\x01\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63onversation_id\x18\n \x01(\t\x12\x0f\n\x07user_id\x18\x0b \x01(\t\x12\x13\n\x0btool_use_id\x18\x0c \x01(\t\x12\x11\n\targs_hash\x18\r \x01(\t\x12\x10\n\x08trace_id\x18\x0e \x01(\t\"V\n\x18ListExecutionLogResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ExecutionLogEntry\"n\n\x1dListConversationEventsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x8b\x01\n\x11\x43onversationEvent\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"[\n\x1eListConversationEventsResponse\x12\x39\n\x06\x65vents\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ConversationEvent2\xde\x04\n\x11\x44ispatcherService\x12u\n\x10\x44ispatchToolCall\x12/.toolmesh.dispatcher.v1.DispatchToolCallRequest\x1a\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\x12x\n\x11\x44ispatchToolCalls\x12\x30.toolmesh.dispatcher.v1.DispatchToolCallsRequest\x1a\x31.toolmesh.dispatcher.v1.DispatchToolCallsResponse\x12W\n\x06\x43\x61ncel\x12%.toolmesh.dispatcher.v1.CancelRequest\x1a&.toolmesh.dispatcher.v1.CancelResponse\x12u\n\x10ListExecutionLog\x12/.toolmesh.dispatcher.v1.ListExecutionLogRequest\x1a\x30.toolmesh.dispatcher.v1.ListExecutionLogResponse\x12\x87\x01\n\x16ListConversationEvents\x12\x35.toolmesh.dispatcher.v1.ListConversationEventsRequest\x1a\x36.toolmesh.dispatcher.v1.ListConversationEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/dispatcher/v1/dispatcher.proto\x12\x16toolmesh.dispatcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"v\n\x17\x44ispatchToolCallRequest\x12+\n\x08tool_use\x18\x01 \x01(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x97\x01\n\x18\x44ispatchToolCallResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x11\n\targs_hash\x18\x04 \x01(\t\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"x\n\x18\x44ispatchToolCallsRequest\x12,\n\ttool_uses\x18\x01 \x03(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"^\n\x19\x44ispatchToolCallsResponse\x12\x41\n\x07results\x18\x01 \x03(\x0b\x32\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\";\n\rCancelRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"\x8c\x01\n\x0e\x43\x61ncelResponse\x12\x17\n\x0f\x63\x61ncelled_calls\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1e\n\x16\x63\x61ncelled_tool_use_ids\x18\x03 \x03(\t\x12\x1a\n\x12known_conversation\x18\x04 \x01(\x08\x12\x14\n\x0c\x63\x61ncel_epoch\x18\x05 \x01(\x03\"g\n\x17ListExecutionLogRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xbb\x02\n\x11\x45xecutionLogEntry\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x05 \x01(\t\x12\x0f\n\x07success\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x14\n\x0c\x65xecution_ms\x18\x08 \x01(\x01\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63onversation_id\x18\n \x01(\t\x12\x0f\n\x07user_id\x18\x0b \x01(\t\x12\x13\n\x0btool_use_id\x18\x0c \x01(\t\x12\x11\n\targs_hash\x18\r \x01(\t\x12\x10\n\x08trace_id\x18\x0e \x01(\t\"V\n\x18ListExecutionLogResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ExecutionLogEntry\"n\n\x1dListConversationEventsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x8b\x01\n\x11\x43onversationEvent\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"[\n\x1eListConversationEventsResponse\x12\x39\n\x06\x65vents\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ConversationEvent\"\xaf\x02\n\nPolicyRule\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x34\n\x04kind\x18\x04 \x01(\x0e\x32&.toolmesh.dispatcher.v1.PolicyRuleKind\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12\x30\n\x04mode\x18\x06 \x01(\x0e\x32\".toolmesh.dispatcher.v1.PolicyMode\x12\x13\n\x0bparams_json\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x0f\n\x07\x65nabled\x18\t \x01(\x08\x12\x12\n\ncreated_by\x18\n \x01(\t\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"H\n\x14\x41\x64\x64PolicyRuleRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"I\n\x15\x41\x64\x64PolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"E\n\x16ListPolicyRulesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x18\n\x10include_disabled\x18\x02 \x01(\x08\"L\n\x17ListPolicyRulesResponse\x12\x31\n\x05rules\x18\x01 \x03(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"&\n\x18\x44isablePolicyRuleRequest\x12\n\n\x02id\x18\x01 \x01(\x03\"M\n\x19\x44isablePolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule*\xc1\x01\n\x0ePolicyRuleKind\x12 \n\x1cPOLICY_RULE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPOLICY_RULE_KIND_DENY_TOOL\x10\x01\x12\'\n#POLICY_RULE_KIND_REQUIRE_PRIOR_TOOL\x10\x02\x12#\n\x1fPOLICY_RULE_KIND_ARG_CONSTRAINT\x10\x03\x12\x1f\n\x1bPOLICY_RULE_KIND_RATE_LIMIT\x10\x04*]\n\nPolicyMode\x12\x1b\n\x17POLICY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14POLICY_MODE_BLOCKING\x10\x01\x12\x18\n\x14POLICY_MODE_ADVISORY\x10\x02\x32\xba\x07\n\x11\x44ispatcherService\x12u\n\x10\x44ispatchToolCall\x12/.toolmesh.dispatcher.v1.DispatchToolCallRequest\x1a\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\x12x\n\x11\x44ispatchToolCalls\x12\x30.toolmesh.dispatcher.v1.DispatchToolCallsRequest\x1a\x31.toolmesh.dispatcher.v1.DispatchToolCallsResponse\x12W\n\x06\x43\x61ncel\x12%.toolmesh.dispatcher.v1.CancelRequest\x1a&.toolmesh.dispatcher.v1.CancelResponse\x12u\n\x10ListExecutionLog\x12/.toolmesh.dispatcher.v1.ListExecutionLogRequest\x1a\x30.toolmesh.dispatcher.v1.ListExecutionLogResponse\x12\x87\x01\n\x16ListConversationEvents\x12\x35.toolmesh.dispatcher.v1.ListConversationEventsRequest\x1a\x36.toolmesh.dispatcher.v1.ListConversationEventsResponse\x12l\n\rAddPolicyRule\x12,.toolmesh.dispatcher.v1.AddPolicyRuleRequest\x1a-.toolmesh.dispatcher.v1.AddPolicyRuleResponse\x12r\n\x0fListPolicyRules\x12..toolmesh.dispatcher.v1.ListPolicyRulesRequest\x1a/.toolmesh.dispatcher.v1.ListPolicyRulesResponse\x12x\n\x11\x44isablePolicyRule\x12\x30.toolmesh.dispatcher.v1.DisablePolicyRuleRequest\x1a\x31.toolmesh.dispatcher.v1.DisablePolicyRuleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.dispatcher.v1.dispatcher_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_POLICYRULEKIND']._serialized_start=2408
+  _globals['_POLICYRULEKIND']._serialized_end=2601
+  _globals['_POLICYMODE']._serialized_start=2603
+  _globals['_POLICYMODE']._serialized_end=2696
   _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=130
   _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=248
   _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=251
@@ -43,20 +47,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHTOOLCALLSRESPONSE']._serialized_end=620
   _globals['_CANCELREQUEST']._serialized_start=622
   _globals['_CANCELREQUEST']._serialized_end=681
-  _globals['_CANCELRESPONSE']._serialized_start=683
-  _globals['_CANCELRESPONSE']._serialized_end=741
-  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_start=743
-  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_end=846
-  _globals['_EXECUTIONLOGENTRY']._serialized_start=849
-  _globals['_EXECUTIONLOGENTRY']._serialized_end=1164
-  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_start=1166
-  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_end=1252
-  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_start=1254
-  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_end=1364
-  _globals['_CONVERSATIONEVENT']._serialized_start=1367
-  _globals['_CONVERSATIONEVENT']._serialized_end=1506
-  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_start=1508
-  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_end=1599
-  _globals['_DISPATCHERSERVICE']._serialized_start=1602
-  _globals['_DISPATCHERSERVICE']._serialized_end=2208
+  _globals['_CANCELRESPONSE']._serialized_start=684
+  _globals['_CANCELRESPONSE']._serialized_end=824
+  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_start=826
+  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_end=929
+  _globals['_EXECUTIONLOGENTRY']._serialized_start=932
+  _globals['_EXECUTIONLOGENTRY']._serialized_end=1247
+  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_start=1249
+  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_end=1335
+  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_start=1337
+  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_end=1447
+  _globals['_CONVERSATIONEVENT']._serialized_start=1450
+  _globals['_CONVERSATIONEVENT']._serialized_end=1589
+  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_start=1591
+  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_end=1682
+  _globals['_POLICYRULE']._serialized_start=1685
+  _globals['_POLICYRULE']._serialized_end=1988
+  _globals['_ADDPOLICYRULEREQUEST']._serialized_start=1990
+  _globals['_ADDPOLICYRULEREQUEST']._serialized_end=2062
+  _globals['_ADDPOLICYRULERESPONSE']._serialized_start=2064
+  _globals['_ADDPOLICYRULERESPONSE']._serialized_end=2137
+  _globals['_LISTPOLICYRULESREQUEST']._serialized_start=2139
+  _globals['_LISTPOLICYRULESREQUEST']._serialized_end=2208
+  _globals['_LISTPOLICYRULESRESPONSE']._serialized_start=2210
+  _globals['_LISTPOLICYRULESRESPONSE']._serialized_end=2286
+  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_start=2288
+  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_end=2326
+  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_start=2328
+  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_end=2405
+  _globals['_DISPATCHERSERVICE']._serialized_start=2699
+  _globals['_DISPATCHERSERVICE']._serialized_end=3653
 # @@protoc_insertion_point(module_scope)

@@ -3,12 +3,35 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from toolmesh.type.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PolicyRuleKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_RULE_KIND_UNSPECIFIED: _ClassVar[PolicyRuleKind]
+    POLICY_RULE_KIND_DENY_TOOL: _ClassVar[PolicyRuleKind]
+    POLICY_RULE_KIND_REQUIRE_PRIOR_TOOL: _ClassVar[PolicyRuleKind]
+    POLICY_RULE_KIND_ARG_CONSTRAINT: _ClassVar[PolicyRuleKind]
+    POLICY_RULE_KIND_RATE_LIMIT: _ClassVar[PolicyRuleKind]
+
+class PolicyMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_MODE_UNSPECIFIED: _ClassVar[PolicyMode]
+    POLICY_MODE_BLOCKING: _ClassVar[PolicyMode]
+    POLICY_MODE_ADVISORY: _ClassVar[PolicyMode]
+POLICY_RULE_KIND_UNSPECIFIED: PolicyRuleKind
+POLICY_RULE_KIND_DENY_TOOL: PolicyRuleKind
+POLICY_RULE_KIND_REQUIRE_PRIOR_TOOL: PolicyRuleKind
+POLICY_RULE_KIND_ARG_CONSTRAINT: PolicyRuleKind
+POLICY_RULE_KIND_RATE_LIMIT: PolicyRuleKind
+POLICY_MODE_UNSPECIFIED: PolicyMode
+POLICY_MODE_BLOCKING: PolicyMode
+POLICY_MODE_ADVISORY: PolicyMode
 
 class DispatchToolCallRequest(_message.Message):
     __slots__ = ("tool_use", "context")
@@ -55,12 +78,18 @@ class CancelRequest(_message.Message):
     def __init__(self, conversation_id: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
 
 class CancelResponse(_message.Message):
-    __slots__ = ("cancelled_calls", "message")
+    __slots__ = ("cancelled_calls", "message", "cancelled_tool_use_ids", "known_conversation", "cancel_epoch")
     CANCELLED_CALLS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_TOOL_USE_IDS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_EPOCH_FIELD_NUMBER: _ClassVar[int]
     cancelled_calls: int
     message: str
-    def __init__(self, cancelled_calls: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    cancelled_tool_use_ids: _containers.RepeatedScalarFieldContainer[str]
+    known_conversation: bool
+    cancel_epoch: int
+    def __init__(self, cancelled_calls: _Optional[int] = ..., message: _Optional[str] = ..., cancelled_tool_use_ids: _Optional[_Iterable[str]] = ..., known_conversation: _Optional[bool] = ..., cancel_epoch: _Optional[int] = ...) -> None: ...
 
 class ListExecutionLogRequest(_message.Message):
     __slots__ = ("tool_name", "tenant_id", "conversation_id", "limit")
@@ -143,3 +172,67 @@ class ListConversationEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[ConversationEvent]
     def __init__(self, events: _Optional[_Iterable[_Union[ConversationEvent, _Mapping]]] = ...) -> None: ...
+
+class PolicyRule(_message.Message):
+    __slots__ = ("id", "tenant_id", "name", "kind", "tool_name", "mode", "params_json", "message", "enabled", "created_by", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    tenant_id: str
+    name: str
+    kind: PolicyRuleKind
+    tool_name: str
+    mode: PolicyMode
+    params_json: str
+    message: str
+    enabled: bool
+    created_by: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[PolicyRuleKind, str]] = ..., tool_name: _Optional[str] = ..., mode: _Optional[_Union[PolicyMode, str]] = ..., params_json: _Optional[str] = ..., message: _Optional[str] = ..., enabled: _Optional[bool] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AddPolicyRuleRequest(_message.Message):
+    __slots__ = ("rule",)
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    rule: PolicyRule
+    def __init__(self, rule: _Optional[_Union[PolicyRule, _Mapping]] = ...) -> None: ...
+
+class AddPolicyRuleResponse(_message.Message):
+    __slots__ = ("rule",)
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    rule: PolicyRule
+    def __init__(self, rule: _Optional[_Union[PolicyRule, _Mapping]] = ...) -> None: ...
+
+class ListPolicyRulesRequest(_message.Message):
+    __slots__ = ("tenant_id", "include_disabled")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_DISABLED_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    include_disabled: bool
+    def __init__(self, tenant_id: _Optional[str] = ..., include_disabled: _Optional[bool] = ...) -> None: ...
+
+class ListPolicyRulesResponse(_message.Message):
+    __slots__ = ("rules",)
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[PolicyRule]
+    def __init__(self, rules: _Optional[_Iterable[_Union[PolicyRule, _Mapping]]] = ...) -> None: ...
+
+class DisablePolicyRuleRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class DisablePolicyRuleResponse(_message.Message):
+    __slots__ = ("rule",)
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    rule: PolicyRule
+    def __init__(self, rule: _Optional[_Union[PolicyRule, _Mapping]] = ...) -> None: ...

@@ -60,6 +60,21 @@ class DispatcherServiceStub:
                 request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.FromString,
                 _registered_method=True)
+        self.AddPolicyRule = channel.unary_unary(
+                '/toolmesh.dispatcher.v1.DispatcherService/AddPolicyRule',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleResponse.FromString,
+                _registered_method=True)
+        self.ListPolicyRules = channel.unary_unary(
+                '/toolmesh.dispatcher.v1.DispatcherService/ListPolicyRules',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesResponse.FromString,
+                _registered_method=True)
+        self.DisablePolicyRule = channel.unary_unary(
+                '/toolmesh.dispatcher.v1.DispatcherService/DisablePolicyRule',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServiceServicer:
@@ -104,6 +119,29 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddPolicyRule(self, request, context):
+        """Creates a policy rule checked before every matching call. A malformed rule: INVALID_ARGUMENT
+        with a field violation per problem.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicyRules(self, request, context):
+        """Lists policy rules, oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisablePolicyRule(self, request, context):
+        """Disables a policy rule (rules are never deleted, so violations stay explainable). Unknown
+        id: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +169,21 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.ListConversationEvents,
                     request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.FromString,
                     response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.SerializeToString,
+            ),
+            'AddPolicyRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPolicyRule,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleResponse.SerializeToString,
+            ),
+            'ListPolicyRules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicyRules,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesResponse.SerializeToString,
+            ),
+            'DisablePolicyRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisablePolicyRule,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +322,87 @@ class DispatcherService:
             '/toolmesh.dispatcher.v1.DispatcherService/ListConversationEvents',
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.SerializeToString,
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPolicyRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/AddPolicyRule',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicyRules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/ListPolicyRules',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListPolicyRulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisablePolicyRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/DisablePolicyRule',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DisablePolicyRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

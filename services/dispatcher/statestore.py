@@ -1,0 +1,454 @@
+"""The dispatcher's guardrail state in the database, so any replica serves any conversation:
+policy rules, per-user observations, failed approaches, the loop guard and the cancellation
+epoch (conversation_state), and rate-limit counters.
+
+Reads for one call (or one batch) are one statement of scalar subqueries — one round trip. The
+updates a call causes are StateWrite objects the call log applies in the same group-commit
+transaction as the call's log rows. The hot-path statements are plain SQL, the same on SQLite
+and PostgreSQL (both have INSERT .. ON CONFLICT and RETURNING): building them with the SQL
+expression language cost about 1 ms of CPU per call, text about 0.2 ms."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, cast
+
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    Table,
+    TextClause,
+    bindparam,
+    insert,
+    select,
+    text,
+    update,
+)
+
+from services.dispatcher.guardrails import LoopState, PolicyRule, window_start
+from shared.db.engine import translate_db_errors
+from shared.db.models import PolicyRuleRow, utcnow
+from shared.errors import NotFound, Unavailable
+
+_RULES = cast(Table, PolicyRuleRow.__table__)
+
+_NAMED_PARAM = re.compile(r":([a-z][a-z0-9_]*)")
+PRUNE_PROBABILITY = 0.01  # share of rate-limit increments that also delete expired windows
+
+
+@dataclass
+class Snapshot:
+    """What the guardrails need to know about a conversation before its next call(s)."""
+
+    known: bool = False
+    loop: LoopState = field(default_factory=LoopState)
+    cancel_epoch: int = 0
+    failed: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    prior_tools: set[str] = field(default_factory=set)
+
+
+class GuardrailStore(Protocol):
+    """Storage of the guardrails; every method is blocking (the core runs them in a thread)."""
+
+    def add_rule(self, rule: PolicyRule) -> PolicyRule: ...
+    def list_rules(self, tenant_id: str, include_disabled: bool) -> list[PolicyRule]: ...
+    def disable_rule(self, rule_id: int) -> PolicyRule: ...
+    def snapshot(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        calls: Sequence[tuple[str, str]],
+        prior_tools: Sequence[str],
+    ) -> Snapshot: ...
+    def observation_counts(
+        self, tenant_id: str, user_id: str, rule_ids: Sequence[int]
+    ) -> dict[int, int]: ...
+    def count_calls(
+        self, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
+    ) -> dict[int, int]: ...
+    def touch_conversation(self, tenant_id: str, conversation_id: str) -> None: ...
+    def bump_cancel_epoch(self, tenant_id: str, conversation_id: str) -> int | None: ...
+    def cancel_epoch(self, tenant_id: str, conversation_id: str) -> int: ...
+    def cancel_epochs(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]: ...
+
+
+def _sql(statement: str, *timestamps: str) -> TextClause:
+    """A textual statement whose named timestamp parameters go through the DateTime type (so
+    SQLite stores them exactly as the ORM does)."""
+    clause = text(statement)
+    if timestamps:
+        clause = clause.bindparams(
+            *(bindparam(name, type_=DateTime(timezone=True)) for name in timestamps)
+        )
+    return clause
+
+
+_UPSERT_LOOP = _sql(
+    """
+    INSERT INTO conversation_state
+        (tenant_id, conversation_id, call_seq, loop_hash, loop_count, cancel_epoch, updated_at)
+    VALUES (:tenant_id, :conversation_id, :seq, :hash, :run, 0, :now)
+    ON CONFLICT (tenant_id, conversation_id) DO UPDATE SET
+        call_seq = excluded.call_seq, loop_hash = excluded.loop_hash,
+        loop_count = excluded.loop_count, updated_at = excluded.updated_at
+    WHERE conversation_state.call_seq < excluded.call_seq
+    """,
+    "now",
+)
+_TOUCH = _sql(
+    """
+    INSERT INTO conversation_state
+        (tenant_id, conversation_id, call_seq, loop_hash, loop_count, cancel_epoch, updated_at)
+    VALUES (:tenant_id, :conversation_id, 0, '', 0, 0, :now)
+    ON CONFLICT (tenant_id, conversation_id) DO NOTHING
+    """,
+    "now",
+)
+_UPSERT_FAILED = _sql(
+    """
+    INSERT INTO failed_approaches (tenant_id, conversation_id, tool_name, identity_hash, reason,
+        attempts, first_failed_at, last_failed_at)
+    VALUES (:tenant_id, :conversation_id, :tool, :identity, :reason, 1, :now, :now)
+    ON CONFLICT (tenant_id, conversation_id, tool_name, identity_hash) DO UPDATE SET
+        attempts = failed_approaches.attempts + 1, reason = excluded.reason,
+        last_failed_at = excluded.last_failed_at
+    """,
+    "now",
+)
+_UPSERT_OBSERVATION = _sql(
+    """
+    INSERT INTO observations (tenant_id, user_id, rule_id, tool_name, count, first_seen_at,
+        last_seen_at)
+    VALUES (:tenant_id, :user_id, :rule_id, :tool, 1, :now, :now)
+    ON CONFLICT (tenant_id, user_id, rule_id) DO UPDATE SET
+        count = observations.count + 1, last_seen_at = excluded.last_seen_at
+    """,
+    "now",
+)
+_COUNT_CALL = _sql(
+    """
+    INSERT INTO rate_limit_counters (rule_id, tenant_id, tool_name, window_start, count)
+    VALUES (:rule_id, :tenant_id, :tool, :window, 1)
+    ON CONFLICT (rule_id, tenant_id, tool_name, window_start) DO UPDATE SET
+        count = rate_limit_counters.count + 1
+    RETURNING count
+    """
+)
+_PRUNE_COUNTERS = _sql("DELETE FROM rate_limit_counters WHERE window_start < :horizon")
+_CANCEL_EPOCH = _sql(
+    "SELECT cancel_epoch FROM conversation_state "
+    "WHERE tenant_id = :tenant_id AND conversation_id = :conversation_id"
+)
+_BUMP_EPOCH = _sql(
+    """
+    UPDATE conversation_state SET cancel_epoch = cancel_epoch + 1, cancelled_at = :now
+    WHERE tenant_id = :tenant_id AND conversation_id = :conversation_id
+    RETURNING cancel_epoch
+    """,
+    "now",
+)
+
+
+def rule_from_row(row: Any) -> PolicyRule:
+    return PolicyRule(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        kind=row.kind,
+        tool_name=row.tool_name,
+        mode=row.mode,
+        params=dict(row.params or {}),
+        message=row.message,
+        enabled=row.enabled,
+        created_by=row.created_by,
+        created_at=row.created_at,
+    )
+
+
+def rate_rules(rules: Iterable[PolicyRule]) -> list[PolicyRule]:
+    return [r for r in rules if r.kind == "rate_limit"]
+
+
+@dataclass(frozen=True)
+class LoopStateWrite:
+    """Stores the loop guard's state after a call; a write ordered before the stored one (by
+    call_seq, e.g. a batch's calls finishing out of order) changes nothing."""
+
+    tenant_id: str
+    conversation_id: str
+    loop: LoopState
+
+    statement: ClassVar[TextClause] = _UPSERT_LOOP
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "conversation_id": self.conversation_id,
+            "seq": self.loop.seq,
+            "hash": self.loop.last_identity,
+            "run": self.loop.run_length,
+            "now": utcnow(),
+        }
+
+
+@dataclass(frozen=True)
+class FailedApproachWrite:
+    """record_failed_approach in the database: idempotent upsert, attempts + 1."""
+
+    tenant_id: str
+    conversation_id: str
+    tool_name: str
+    identity: str
+    reason: str
+
+    statement: ClassVar[TextClause] = _UPSERT_FAILED
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "conversation_id": self.conversation_id,
+            "tool": self.tool_name,
+            "identity": self.identity,
+            "reason": self.reason,
+            "now": utcnow(),
+        }
+
+
+@dataclass(frozen=True)
+class ObservationWrite:
+    """Reinforces a user's observation row for a violated rule (count + 1)."""
+
+    tenant_id: str
+    user_id: str
+    rule_id: int
+    tool_name: str
+
+    statement: ClassVar[TextClause] = _UPSERT_OBSERVATION
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "user_id": self.user_id,
+            "rule_id": self.rule_id,
+            "tool": self.tool_name,
+            "now": utcnow(),
+        }
+
+
+class SqlGuardrailStore:
+    """GuardrailStore over a SQLAlchemy engine (SQLite or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # --- rules ----------------------------------------------------------------------------
+
+    def add_rule(self, rule: PolicyRule) -> PolicyRule:
+        now = utcnow()
+        with translate_db_errors(), self._engine.begin() as conn:
+            rule_id = conn.execute(
+                insert(_RULES).returning(_RULES.c.id),
+                {
+                    "tenant_id": rule.tenant_id,
+                    "name": rule.name,
+                    "kind": rule.kind,
+                    "tool_name": rule.tool_name,
+                    "mode": rule.mode,
+                    "params": dict(rule.params),
+                    "message": rule.message,
+                    "enabled": True,
+                    "created_by": rule.created_by,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            ).scalar_one()
+        return self._get(int(rule_id))
+
+    def _get(self, rule_id: int) -> PolicyRule:
+        with translate_db_errors(), self._engine.connect() as conn:
+            row = conn.execute(select(_RULES).where(_RULES.c.id == rule_id)).one_or_none()
+        if row is None:
+            raise NotFound(
+                f"no policy rule with id {rule_id}",
+                reason="POLICY_RULE_NOT_FOUND",
+                metadata={"id": str(rule_id)},
+            )
+        return rule_from_row(row)
+
+    def list_rules(self, tenant_id: str, include_disabled: bool) -> list[PolicyRule]:
+        stmt = select(_RULES).order_by(_RULES.c.id)
+        if tenant_id:
+            stmt = stmt.where(_RULES.c.tenant_id.in_([tenant_id, "*"]))
+        if not include_disabled:
+            stmt = stmt.where(_RULES.c.enabled.is_(True))
+        with translate_db_errors(), self._engine.connect() as conn:
+            return [rule_from_row(r) for r in conn.execute(stmt)]
+
+    def disable_rule(self, rule_id: int) -> PolicyRule:
+        with translate_db_errors(), self._engine.begin() as conn:
+            conn.execute(
+                update(_RULES)
+                .where(_RULES.c.id == rule_id)
+                .values(enabled=False, updated_at=utcnow())
+            )
+        return self._get(rule_id)
+
+    # --- conversation state -----------------------------------------------------------------
+
+    def snapshot(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        calls: Sequence[tuple[str, str]],
+        prior_tools: Sequence[str],
+    ) -> Snapshot:
+        """Everything in one statement: the conversation's state row, the attempts of each
+        (tool, identity) in `calls`, and whether each of `prior_tools` succeeded earlier in the
+        conversation."""
+        unique_calls = list(dict.fromkeys(calls))
+        unique_prior = list(dict.fromkeys(prior_tools))
+        params: dict[str, Any] = {"t": tenant_id, "c": conversation_id, "yes": True}
+        columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
+        for i, (tool, identity) in enumerate(unique_calls):
+            params[f"ft{i}"], params[f"fh{i}"] = tool, identity
+            where = (
+                "FROM failed_approaches WHERE tenant_id = :t AND conversation_id = :c "
+                f"AND tool_name = :ft{i} AND identity_hash = :fh{i}"
+            )
+            columns += [f"(SELECT attempts {where})", f"(SELECT reason {where})"]
+        for i, tool in enumerate(unique_prior):
+            params[f"p{i}"] = tool
+            columns.append(
+                "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
+                f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
+            )
+        statement = (
+            f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
+            "LEFT JOIN conversation_state s ON s.tenant_id = :t AND s.conversation_id = :c"
+        )
+        row = self._fetch_one_raw(statement, params)
+        snap = Snapshot(
+            known=row[0] is not None,
+            loop=LoopState(int(row[1] or 0), str(row[2] or ""), int(row[3] or 0)),
+            cancel_epoch=int(row[4] or 0),
+        )
+        pos = 5
+        for call in unique_calls:
+            attempts, reason = row[pos], row[pos + 1]
+            pos += 2
+            if attempts:
+                snap.failed[call] = (int(attempts), str(reason or ""))
+        for tool in unique_prior:
+            if row[pos]:
+                snap.prior_tools.add(tool)
+            pos += 1
+        return snap
+
+    def _fetch_one_raw(self, statement: str, params: dict[str, Any]) -> list[Any]:
+        """One row of a `:name`-parameter statement, on the driver's cursor directly: the
+        per-call read skips SQLAlchemy's execution machinery (about 0.3 ms of CPU per call
+        under load, measured)."""
+        if self._engine.dialect.paramstyle == "pyformat":  # psycopg
+            statement = _NAMED_PARAM.sub(r"%(\1)s", statement)
+        with translate_db_errors(), self._engine.connect() as conn:
+            dbapi_conn = conn.connection.driver_connection
+            assert dbapi_conn is not None
+            try:
+                cursor = dbapi_conn.cursor()
+                try:
+                    cursor.execute(statement, params)
+                    return list(cursor.fetchone())
+                finally:
+                    cursor.close()
+            except self._engine.dialect.loaded_dbapi.Error as exc:
+                conn.invalidate()
+                raise Unavailable(
+                    f"database unavailable: {exc}", reason="DATABASE_UNAVAILABLE"
+                ) from exc
+
+    def observation_counts(
+        self, tenant_id: str, user_id: str, rule_ids: Sequence[int]
+    ) -> dict[int, int]:
+        """How often the user violated each rule so far (read only once a rule fired)."""
+        unique = list(dict.fromkeys(rule_ids))
+        if not unique:
+            return {}
+        params: dict[str, Any] = {"t": tenant_id, "u": user_id}
+        params.update({f"r{i}": rule_id for i, rule_id in enumerate(unique)})
+        placeholders = ", ".join(f":r{i}" for i in range(len(unique)))
+        statement = text(
+            "SELECT rule_id, count FROM observations WHERE tenant_id = :t AND user_id = :u "
+            f"AND rule_id IN ({placeholders})"
+        )
+        with translate_db_errors(), self._engine.connect() as conn:
+            return {int(r): int(c) for r, c in conn.execute(statement, params)}
+
+    def count_calls(
+        self, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
+    ) -> dict[int, int]:
+        """Count one more call against each rate-limit rule's current window, atomically (an
+        upsert returning the new count), and return the counts."""
+        counts: dict[int, int] = {}
+        with translate_db_errors(), self._engine.begin() as conn:
+            for rule in rules:
+                counts[rule.id] = int(
+                    conn.execute(
+                        _COUNT_CALL,
+                        {
+                            "rule_id": rule.id,
+                            "tenant_id": tenant_id,
+                            "tool": tool_name,
+                            "window": window_start(now_s, rule.window_s),
+                        },
+                    ).scalar_one()
+                )
+            if rules and random.random() < PRUNE_PROBABILITY:
+                horizon = max(r.window_s for r in rules)
+                conn.execute(_PRUNE_COUNTERS, {"horizon": int(now_s) - 2 * horizon})
+        return counts
+
+    def touch_conversation(self, tenant_id: str, conversation_id: str) -> None:
+        """Create the conversation's state row if missing (before its first call runs, so a
+        Cancel on any replica finds the conversation while that call is in flight)."""
+        with translate_db_errors(), self._engine.begin() as conn:
+            conn.execute(
+                _TOUCH,
+                {"tenant_id": tenant_id, "conversation_id": conversation_id, "now": utcnow()},
+            )
+
+    def bump_cancel_epoch(self, tenant_id: str, conversation_id: str) -> int | None:
+        """Raise the conversation's cancellation epoch; the new epoch, or None (and nothing
+        stored) for a conversation no call was ever dispatched in."""
+        with translate_db_errors(), self._engine.begin() as conn:
+            epoch = conn.execute(
+                _BUMP_EPOCH,
+                {"tenant_id": tenant_id, "conversation_id": conversation_id, "now": utcnow()},
+            ).scalar_one_or_none()
+        return None if epoch is None else int(epoch)
+
+    def cancel_epoch(self, tenant_id: str, conversation_id: str) -> int:
+        with translate_db_errors(), self._engine.connect() as conn:
+            value = conn.execute(
+                _CANCEL_EPOCH, {"tenant_id": tenant_id, "conversation_id": conversation_id}
+            ).scalar_one_or_none()
+        return int(value or 0)
+
+    def cancel_epochs(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """The cancellation epochs of several conversations in one statement (the poller)."""
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        params: dict[str, Any] = {}
+        conditions = []
+        for i, (tenant_id, conversation_id) in enumerate(unique):
+            params[f"t{i}"], params[f"c{i}"] = tenant_id, conversation_id
+            conditions.append(f"(tenant_id = :t{i} AND conversation_id = :c{i})")
+        statement = text(
+            "SELECT tenant_id, conversation_id, cancel_epoch FROM conversation_state WHERE "
+            + " OR ".join(conditions)
+        )
+        with translate_db_errors(), self._engine.connect() as conn:
+            return {(t, c): int(e) for t, c, e in conn.execute(statement, params)}

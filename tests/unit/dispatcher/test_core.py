@@ -1,0 +1,194 @@
+"""The dispatch path with real storage (SQLite and PostgreSQL) and an in-process registry at the
+RegistryGateway seam: cancellation stops the handler's work on this replica and, through the
+epoch in the database, on another replica; the loop guard and the repeat-failure hint; a batch
+is checked in input order and runs concurrently; every call logs decision and outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.dispatcher.core import Dispatcher
+from services.dispatcher.logstore import SqlCallLog
+from services.dispatcher.statestore import SqlGuardrailStore
+from shared import convert
+from shared.contract import Ok, envelope_to_tool_result
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.type.v1 import types_pb2 as pb
+
+
+@dataclass
+class InProcessRegistry:
+    """Runs a `sleep`-style tool on the event loop and records what became of each run."""
+
+    started: dict[str, asyncio.Event] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    timeouts: dict[str, float] = field(default_factory=dict)
+
+    def started_event(self, tool_use_id: str) -> asyncio.Event:
+        return self.started.setdefault(tool_use_id, asyncio.Event())
+
+    async def execute(
+        self, request: rpb.ExecuteToolRequest, timeout: float
+    ) -> rpb.ExecuteToolResponse:
+        inputs = json.loads(request.input_json)
+        call_id = request.context.tool_use_id
+        self.started_event(call_id).set()
+        try:
+            await asyncio.sleep(inputs.get("delay_ms", 0) / 1000)
+        except asyncio.CancelledError:
+            self.cancelled.append(call_id)
+            raise
+        self.finished.append(call_id)
+        if inputs.get("fail"):
+            result = convert.error_result_pb("asked to fail", "test_failure")
+        else:
+            result = convert.tool_result_to_pb(
+                envelope_to_tool_result(Ok(data={"echo": inputs.get("echo")}))
+            )
+        return rpb.ExecuteToolResponse(result=result)
+
+    async def tool_timeout(self, name: str, tenant_id: str) -> float | None:
+        return self.timeouts.get(name)
+
+
+@dataclass
+class Replica:
+    core: Dispatcher
+    registry: InProcessRegistry
+    log: SqlCallLog
+
+
+@pytest.fixture
+async def replicas(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> AsyncIterator[tuple[Replica, Replica]]:
+    made = []
+    for _ in range(2):
+        registry = InProcessRegistry()
+        log = SqlCallLog(sessions)
+        core = Dispatcher(registry, log, SqlGuardrailStore(engine), poll_interval_s=0.05)
+        made.append(Replica(core, registry, log))
+    yield made[0], made[1]
+    for r in made:
+        await r.core.close()
+        await asyncio.to_thread(r.log.close)
+
+
+CTX = pb.CallContext(tenant_id="t1", user_id="u1", conversation_id="c1")
+
+
+def use(tool_use_id: str = "", **inputs: Any) -> pb.ToolUse:
+    return pb.ToolUse(id=tool_use_id, name="sleep", input_json=json.dumps(inputs))
+
+
+def kind(result: pb.ToolResult) -> str:
+    env = result.envelope
+    return env.err.err_kind if env.WhichOneof("kind") == "err" else str(env.WhichOneof("kind"))
+
+
+async def test_a_cancel_on_the_same_replica_stops_the_handler_at_once(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    call = asyncio.create_task(a.core.dispatch(use("slow", delay_ms=5000), CTX))
+    await asyncio.wait_for(a.registry.started_event("slow").wait(), 5)
+    began = time.monotonic()
+    cancelled = await a.core.cancel("t1", "c1")
+    outcome = await asyncio.wait_for(call, 1)
+    assert time.monotonic() - began < 1
+    assert cancelled.cancelled_tool_use_ids == ["slow"] and cancelled.known_conversation
+    assert kind(outcome.result) == "cancelled"
+    assert a.registry.cancelled == ["slow"] and a.registry.finished == []
+
+
+async def test_a_cancel_on_another_replica_stops_the_call_through_the_database(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, b = replicas
+    call = asyncio.create_task(a.core.dispatch(use("slow", delay_ms=5000), CTX))
+    await asyncio.wait_for(a.registry.started_event("slow").wait(), 5)
+    cancelled = await b.core.cancel("t1", "c1")
+    assert cancelled.cancelled_tool_use_ids == []  # nothing in flight on b itself
+    assert cancelled.known_conversation  # the conversation's first call is in flight on a
+    outcome = await asyncio.wait_for(call, 1)
+    assert kind(outcome.result) == "cancelled"
+    assert a.registry.cancelled == ["slow"]
+
+
+async def test_calls_started_after_a_cancel_run_normally(replicas: tuple[Replica, Replica]) -> None:
+    a, _ = replicas
+    await a.core.dispatch(use(echo=1), CTX)
+    await a.core.cancel("t1", "c1")
+    outcome = await a.core.dispatch(use(delay_ms=150, echo=2), CTX)
+    assert kind(outcome.result) == "ok"
+
+
+async def test_a_cancel_of_an_unknown_conversation_says_so(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    outcome = await replicas[0].core.cancel("t1", "never-seen")
+    assert outcome.cancelled_tool_use_ids == [] and not outcome.known_conversation
+    assert "unknown conversation" in outcome.message
+
+
+async def test_the_registrys_per_tool_timeout_is_the_deadline_of_the_call(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    a.registry.timeouts["sleep"] = 0.2
+
+    async def bounded(request: rpb.ExecuteToolRequest, timeout: float) -> Any:
+        assert timeout == 0.2
+        return await InProcessRegistry.execute(a.registry, request, timeout)
+
+    a.registry.execute = bounded  # type: ignore[method-assign]
+    outcome = await a.core.dispatch(use(echo=1), CTX)
+    assert kind(outcome.result) == "ok"
+
+
+async def test_the_loop_guard_and_the_repeat_failure_hint(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, b = replicas
+    outcomes = []
+    for i in range(4):  # alternate replicas: the state is in the database
+        core = (a, b)[i % 2].core
+        outcomes.append(await core.dispatch(use(fail=True, reasoning=f"try {i}"), CTX))
+    kinds = [kind(o.result) for o in outcomes]
+    assert kinds == ["test_failure", "test_failure", "test_failure", "loop_guard"]
+    assert [len(o.warnings) for o in outcomes[:3]] == [0, 0, 1]
+    assert "3 times" in outcomes[2].warnings[0]
+    changed = await a.core.dispatch(use(fail=True, other=1), CTX)
+    assert kind(changed.result) == "test_failure"
+
+
+async def test_a_batch_is_guarded_in_order_and_runs_concurrently(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    uses = [use(f"b{i}", delay_ms=300, echo=i) for i in range(10)]
+    uses += [use(f"same{i}", echo="same") for i in range(4)]
+    began = time.monotonic()
+    outcomes = await a.core.dispatch_many(uses, CTX)
+    assert time.monotonic() - began < 2
+    assert [o.tool_use_id for o in outcomes] == [u.id for u in uses]
+    assert [kind(o.result) for o in outcomes[10:]] == ["ok", "ok", "ok", "loop_guard"]
+    events = a.log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=500)
+    per_call = [e.event_type for e in events if e.tool_use_id == "b0"]
+    assert per_call == ["tool_call", "decision", "tool_result", "outcome"]
+    refused = next(
+        json.loads(e.data_json)
+        for e in events
+        if e.tool_use_id == "same3" and e.event_type == "decision"
+    )
+    assert refused["action"] == "refuse" and refused["refused_by"] == "loop_guard"
