@@ -3,14 +3,17 @@ the service coroutine so that start-up failures are one clear line, not a traceb
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+from shared.config import Settings
 from shared.errors import ToolmeshError
+from shared.telemetry.tracing import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +29,18 @@ def announce_ready(service: str, address: str) -> None:
         json.dumps({"event": READY_EVENT, "service": service, "address": address}) + "\n"
     )
     sys.stdout.flush()
+
+
+def service_main(service: str, serve: Callable[[Settings, int], Coroutine[Any, Any, None]]) -> None:
+    """The `main` of `python -m services.<service> [--port N]`: settings read once from the
+    environment, logging set up, then `serve(settings, port)` until signalled."""
+    parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
+    parser.add_argument("--port", type=int, default=None, help="port to bind (0: any free port)")
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    setup_logging(service, settings.log_level)
+    port = settings.ports[service] if args.port is None else args.port
+    run(serve(settings, port))
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 from services.dispatcher.core import Dispatcher
@@ -18,8 +17,8 @@ from shared.server import (
     install_stop_signals,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, run
-from shared.telemetry.tracing import setup_logging, setup_tracing, shutdown_tracing
+from shared.service_main import announce_ready, service_main
+from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from toolmesh.dispatcher.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 SERVICE = "dispatcher"
@@ -63,13 +62,7 @@ async def serve(settings: Settings, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.dispatcher")
-    parser.add_argument("--port", type=int, default=None, help="port to bind (0: any free port)")
-    args = parser.parse_args()
-    settings = Settings.from_env()
-    setup_logging(SERVICE, settings.log_level)
-    port = settings.ports[SERVICE] if args.port is None else args.port
-    run(serve(settings, port))
+    service_main(SERVICE, serve)
 
 
 if __name__ == "__main__":
