@@ -118,6 +118,13 @@ def _outcome_to_pb(o: DispatchOutcome) -> dpb.DispatchToolCallResponse:
     )
 
 
+def _page_limit(requested: int, *, default: int, cap: int) -> int:
+    """A list RPC's `limit`: 0 means `default`, larger values are capped, negatives refused."""
+    if requested < 0:
+        raise InvalidArgument("limit must be >= 0", field_violations=[("limit", "negative")])
+    return min(requested or default, cap)
+
+
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     def __init__(self, core: Dispatcher, log: CallLog) -> None:
         self._core = core
@@ -167,9 +174,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def ListExecutionLog(
         self, request: dpb.ListExecutionLogRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListExecutionLogResponse:
-        if request.limit < 0:
-            raise InvalidArgument("limit must be >= 0", field_violations=[("limit", "negative")])
-        limit = min(request.limit or 50, MAX_LOG_ROWS)
+        limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
         entries = await asyncio.to_thread(
             self._log.list_log,
             tool_name=request.tool_name,
@@ -177,28 +182,27 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             conversation_id=request.conversation_id,
             limit=limit,
         )
-        out = []
-        for e in entries:
-            m = dpb.ExecutionLogEntry(
-                id=e.id,
-                tool_name=e.tool_name,
-                tenant_id=e.tenant_id,
-                input_json=convert.dumps(e.input_data),
-                output_summary=e.output_summary,
-                success=e.success,
-                error=e.error or "",
-                execution_ms=e.execution_ms,
-                conversation_id=e.conversation_id,
-                user_id=e.user_id,
-                tool_use_id=e.tool_use_id,
-                args_hash=e.args_hash,
-                trace_id=e.trace_id,
-            )
-            ts = convert.to_timestamp(e.created_at)
-            if ts is not None:
-                m.created_at.CopyFrom(ts)
-            out.append(m)
-        return dpb.ListExecutionLogResponse(entries=out)
+        return dpb.ListExecutionLogResponse(
+            entries=[
+                dpb.ExecutionLogEntry(
+                    id=e.id,
+                    tool_name=e.tool_name,
+                    tenant_id=e.tenant_id,
+                    input_json=convert.dumps(e.input_data),
+                    output_summary=e.output_summary,
+                    success=e.success,
+                    error=e.error or "",
+                    execution_ms=e.execution_ms,
+                    conversation_id=e.conversation_id,
+                    user_id=e.user_id,
+                    tool_use_id=e.tool_use_id,
+                    args_hash=e.args_hash,
+                    trace_id=e.trace_id,
+                    created_at=convert.to_timestamp(e.created_at),
+                )
+                for e in entries
+            ]
+        )
 
     async def ListConversationEvents(
         self, request: dpb.ListConversationEventsRequest, context: grpc.aio.ServicerContext
@@ -207,9 +211,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             raise InvalidArgument(
                 "conversation_id is required", field_violations=[("conversation_id", "empty")]
             )
-        if request.limit < 0:
-            raise InvalidArgument("limit must be >= 0", field_violations=[("limit", "negative")])
-        limit = min(request.limit or 200, MAX_EVENTS)
+        limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
         events = await asyncio.to_thread(
             self._log.list_events,
             tenant_id=request.tenant_id,
@@ -217,13 +219,15 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             event_type=request.event_type,
             limit=limit,
         )
-        out = []
-        for e in events:
-            m = dpb.ConversationEvent(
-                id=e.id, event_type=e.event_type, data_json=e.data_json, tool_use_id=e.tool_use_id
-            )
-            ts = convert.to_timestamp(e.created_at)
-            if ts is not None:
-                m.created_at.CopyFrom(ts)
-            out.append(m)
-        return dpb.ListConversationEventsResponse(events=out)
+        return dpb.ListConversationEventsResponse(
+            events=[
+                dpb.ConversationEvent(
+                    id=e.id,
+                    event_type=e.event_type,
+                    data_json=e.data_json,
+                    tool_use_id=e.tool_use_id,
+                    created_at=convert.to_timestamp(e.created_at),
+                )
+                for e in events
+            ]
+        )

@@ -122,6 +122,14 @@ def _finish(
     return envelope
 
 
+def _failed(spec: ToolSpec, context: Any, started: float, exc: Exception) -> Envelope:
+    """A handler's exception as its envelope: a HintException is a Hint (a correction, not
+    logged as a failure); anything else an Err, logged with its traceback."""
+    if not isinstance(exc, HintException):
+        logger.error("tool %s raised %s", spec.name, type(exc).__name__, exc_info=exc)
+    return _finish(spec, context, started, exc=exc)
+
+
 def wrap_handler(handler: Callable[..., Any], spec: ToolSpec) -> Callable[..., Any]:
     """`handler` behind the contract boundary: the wrapper returns an envelope (a coroutine of
     one for an async handler). Only `spec`'s name and flags are used, not spec.handler."""
@@ -132,11 +140,8 @@ def wrap_handler(handler: Callable[..., Any], spec: ToolSpec) -> Callable[..., A
             started = time.perf_counter()
             try:
                 raw = await handler(inputs, context)
-            except HintException as exc:
-                return _finish(spec, context, started, exc=exc)
-            except Exception as exc:  # the contract boundary: every failure becomes an Err
-                logger.exception("tool %s raised %s", spec.name, type(exc).__name__)
-                return _finish(spec, context, started, exc=exc)
+            except Exception as exc:  # noqa: BLE001 - the contract boundary: failures are envelopes
+                return _failed(spec, context, started, exc)
             return _finish(spec, context, started, raw=raw)
 
         wrapper: Callable[..., Any] = async_wrapper
@@ -147,11 +152,8 @@ def wrap_handler(handler: Callable[..., Any], spec: ToolSpec) -> Callable[..., A
         ) -> Envelope:
             try:
                 raw = await pending
-            except HintException as exc:
-                return _finish(spec, context, started, exc=exc)
-            except Exception as exc:  # the contract boundary: every failure becomes an Err
-                logger.exception("tool %s raised %s", spec.name, type(exc).__name__)
-                return _finish(spec, context, started, exc=exc)
+            except Exception as exc:  # noqa: BLE001 - the contract boundary: failures are envelopes
+                return _failed(spec, context, started, exc)
             return _finish(spec, context, started, raw=raw)
 
         @functools.wraps(handler)
@@ -159,11 +161,8 @@ def wrap_handler(handler: Callable[..., Any], spec: ToolSpec) -> Callable[..., A
             started = time.perf_counter()
             try:
                 raw = handler(inputs, context)
-            except HintException as exc:
-                return _finish(spec, context, started, exc=exc)
-            except Exception as exc:  # the contract boundary: every failure becomes an Err
-                logger.exception("tool %s raised %s", spec.name, type(exc).__name__)
-                return _finish(spec, context, started, exc=exc)
+            except Exception as exc:  # noqa: BLE001 - the contract boundary: failures are envelopes
+                return _failed(spec, context, started, exc)
             if inspect.isawaitable(raw):  # a sync function handing back a coroutine
                 return finish_awaitable(raw, context, started)
             return _finish(spec, context, started, raw=raw)

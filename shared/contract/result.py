@@ -190,22 +190,22 @@ def coerce_return(tool_name: str, raw: Any) -> tuple[Envelope, bool]:
         return _checked_envelope(tool_name, raw), False
     if isinstance(raw, ToolResult) and raw.envelope is not None:
         return _checked_envelope(tool_name, raw.envelope), False
-    try:
-        result = ToolResult.from_any(raw)
-    except TypeError as exc:
-        return Err(f"{tool_name}: {exc}", err_kind="invalid_result"), True
-    problem = check_effects(tool_name, result.cards, result.datasets, result.content)
-    if problem is not None:
-        return problem, True
-    return to_envelope(result), True
+    checked = _checked_legacy(tool_name, raw)
+    return (checked if isinstance(checked, Err) else to_envelope(checked)), True
 
 
 def normalise_result(tool_name: str, raw: Any) -> ToolResult:
     """Whatever a handler without a contract spec returned, as a checked ToolResult (a legacy
     result keeps its own content)."""
+    checked = _checked_legacy(tool_name, raw)
+    return envelope_to_tool_result(checked) if isinstance(checked, Err) else checked
+
+
+def _checked_legacy(tool_name: str, raw: Any) -> ToolResult | Err:
+    """A legacy return as a ToolResult, or the Err naming what is wrong with it."""
     try:
         result = ToolResult.from_any(raw)
     except TypeError as exc:
-        return envelope_to_tool_result(Err(f"{tool_name}: {exc}", err_kind="invalid_result"))
+        return Err(f"{tool_name}: {exc}", err_kind="invalid_result")
     problem = check_effects(tool_name, result.cards, result.datasets, result.content)
-    return result if problem is None else envelope_to_tool_result(problem)
+    return result if problem is None else problem
