@@ -9,13 +9,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto' | sort)
 
-.PHONY: help install gen gen-check lint typecheck buf check test test-fast up bench clean
+.PHONY: help install gen gen-check lint typecheck buf check test test-fast up sandbox-deps traces bench clean
 
 help:
 	@echo "make up     - install, generate, migrate + seed the database, start the mesh"
 	@echo "make test   - install, then gen-check, ruff, mypy, buf, and the whole pytest suite"
 	@echo "make bench  - benchmarks (ratios against baselines measured in the same run)"
 	@echo "make gen    - regenerate gen/ from protos/"
+	@echo "make traces - the mesh exporting to a local trace UI (Phoenix) on 127.0.0.1:6006"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,19 +60,39 @@ buf: $(STAMP)
 
 check: gen-check lint typecheck buf
 
-test: $(STAMP) check
+test: $(STAMP) sandbox-deps check
 	$(BIN)/pytest -q
 
 # The suite without the PostgreSQL leg, for a quick local loop.
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not postgres" -x
 
-up: $(STAMP) gen
+up: $(STAMP) sandbox-deps gen
 	$(BIN)/toolmesh up
+
+# A local trace UI (Arize Phoenix, installed from PyPI into .venv-phoenix, offline) with the
+# mesh exporting to it: open http://127.0.0.1:6006.
+traces: $(STAMP) gen
+	deploy/local-traces.sh
 
 bench: $(STAMP)
 	$(PY) -m bench.dispatch_overhead
 	$(PY) -m bench.guardrails_overhead
+	$(PY) -m bench.sandbox_overhead
+	$(PY) -m bench.tracing_overhead
+	$(PY) -m bench.mcp_overhead
+	$(PY) -m bench.surface_overhead
+
+# The sandbox runs custom tools inside bubblewrap: install it quietly when missing (as root,
+# non-interactive; elsewhere, say what to install).
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+			{ apt-get update -qq >/dev/null 2>&1 && \
+			  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; \
+		fi; \
+		command -v bwrap >/dev/null 2>&1 || { echo "install bubblewrap (bwrap) for the sandbox"; exit 1; }; }
 
 clean:
 	rm -rf .toolmesh .pytest_cache .mypy_cache .ruff_cache

@@ -4,6 +4,7 @@ their code, reason and metadata intact."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -114,3 +115,28 @@ class MeshClients:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <key>` to every call of a synchronous channel."""
+
+    def __init__(self, key: str) -> None:
+        self._header = ("authorization", f"Bearer {key}")
+
+    def _details(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._header]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+def cli_channel(address: str, api_key: str | None = None) -> grpc.Channel:
+    """A synchronous channel for command-line tools: sends the API key of TOOLMESH_API_KEY (or
+    `api_key`) as a bearer token, for a dispatcher that authenticates its callers."""
+    channel = grpc.insecure_channel(address)
+    key = api_key if api_key is not None else os.environ.get("TOOLMESH_API_KEY", "")
+    return grpc.intercept_channel(channel, _BearerAuth(key)) if key else channel

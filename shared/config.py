@@ -17,7 +17,13 @@ DEFAULT_PORTS: dict[str, int] = {
 }
 # Services implemented so far; `toolmesh up` starts exactly these. A service that is not
 # implemented is never started, so nothing pretends to be it.
-IMPLEMENTED_SERVICES: tuple[str, ...] = ("registry", "dispatcher")
+IMPLEMENTED_SERVICES: tuple[str, ...] = (
+    "registry",
+    "dispatcher",
+    "sandbox",
+    "mcp_bridge",
+    "surface",
+)
 DEFAULT_COLLECTOR_PORT = 4317
 
 
@@ -64,10 +70,48 @@ class Settings:
     tool_cache_ttl_s    TOOLMESH_TOOL_CACHE_TTL_S, default 2 — registry definition cache.
     tracing             TOOLMESH_TRACING, default on — OpenTelemetry spans on every hop.
     otlp_endpoint       OTEL_EXPORTER_OTLP_ENDPOINT (standard); empty exports nothing.
+    otlp_protocol       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
+                        (standard): "grpc" (default) or "http/protobuf".
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.
+    sandbox_pool_size   TOOLMESH_SANDBOX_POOL_SIZE, default 2 — pre-started single-use workers.
+    sandbox_wall_s      TOOLMESH_SANDBOX_WALL_S, default 30 — a custom tool's wall-clock limit
+                        (a tool's own timeout_seconds, when lower, wins).
+    sandbox_cpu_s       TOOLMESH_SANDBOX_CPU_S, default 10 — its CPU-time limit.
+    sandbox_memory_mb   TOOLMESH_SANDBOX_MEMORY_MB, default 512 — address space it may add.
+    sandbox_output_bytes  TOOLMESH_SANDBOX_OUTPUT_BYTES, default 1 MiB — largest result.
+    sandbox_max_tool_calls  TOOLMESH_SANDBOX_MAX_TOOL_CALLS, default 16 — call_tool calls per
+                        execution (each call's inputs at most 1 MiB).
+    sandbox_job_workers TOOLMESH_SANDBOX_JOB_WORKERS, default 1 — tool-build job workers per
+                        sandbox process (0: this replica claims no jobs).
+    api_keys_file       TOOLMESH_API_KEYS_FILE, default none (the dispatcher runs open) — JSON of
+                        API key digests and their tenants (services/dispatcher/auth.py); when
+                        set, the dispatcher authenticates every call and takes its tenant from
+                        the key. Clients send TOOLMESH_API_KEY as `authorization: Bearer`.
+    trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
+                        (clipped to 4 KB) on execute_tool spans.
+    conversation_budget_usd
+                        TOOLMESH_CONVERSATION_BUDGET_USD, default 0 (no ceiling) — the most a
+                        conversation may spend (sum of its usage_log); calls beyond are refused.
+    mcp_call_timeout_s  TOOLMESH_MCP_CALL_TIMEOUT_S, default 120 — an MCP tool call's timeout
+                        when neither the tool nor the caller gives one.
+    mcp_connect_timeout_s  TOOLMESH_MCP_CONNECT_TIMEOUT_S, default 30 — opening an MCP session
+                        (process start + initialize + tools/list) must finish within it.
+    mcp_restart_backoff_s  TOOLMESH_MCP_RESTART_BACKOFF_S, default 0.5 — first delay before a
+                        crashed MCP server is restarted; doubles per failure up to
+                        mcp_restart_backoff_max_s (TOOLMESH_MCP_RESTART_BACKOFF_MAX_S, default 30).
+    mcp_hold_changed    TOOLMESH_MCP_HOLD_CHANGED, default on — an MCP tool whose definition
+                        changed on reconnect is held in `testing` until approved.
+    mcp_catalog_path    TOOLMESH_MCP_CATALOG, default <data_dir>/mcp_catalog.json — the local
+                        catalog of installable MCP servers an admin maintains.
+    surface_embeddings  TOOLMESH_SURFACE_EMBEDDINGS, default on — search_tools fuses embedding
+                        similarity with BM25 (off, or the model package absent: BM25 alone).
+    surface_floor_ttl_s TOOLMESH_SURFACE_FLOOR_TTL_S, default 30 — how long a surface replica
+                        caches the stored Tier-0 floor.
+    surface_derive_interval_s  TOOLMESH_SURFACE_DERIVE_INTERVAL_S, default 3600 — how often the
+                        surface re-derives the Tier-0 floor (0: only on demand).
     """
 
     data_dir: Path
@@ -81,10 +125,30 @@ class Settings:
     tool_cache_ttl_s: float = 2.0
     tracing: bool = True
     otlp_endpoint: str = ""
+    otlp_protocol: str = "grpc"
     log_level: str = "INFO"
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
     max_depth: int = 8
+    sandbox_pool_size: int = 2
+    sandbox_wall_s: float = 30.0
+    sandbox_cpu_s: float = 10.0
+    sandbox_memory_mb: int = 512
+    sandbox_output_bytes: int = 1024 * 1024
+    sandbox_max_tool_calls: int = 16
+    sandbox_job_workers: int = 1
+    api_keys_file: str = ""
+    trace_payloads: bool = False
+    conversation_budget_usd: float = 0.0
+    mcp_call_timeout_s: float = 120.0
+    mcp_connect_timeout_s: float = 30.0
+    mcp_restart_backoff_s: float = 0.5
+    mcp_restart_backoff_max_s: float = 30.0
+    mcp_hold_changed: bool = True
+    mcp_catalog_path: Path | None = None
+    surface_embeddings: bool = True
+    surface_floor_ttl_s: float = 30.0
+    surface_derive_interval_s: float = 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -124,10 +188,36 @@ class Settings:
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+            otlp_protocol=(
+                env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc"
+            ).strip(),
             log_level=env.get("TOOLMESH_LOG_LEVEL") or "INFO",
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),
             max_depth=_int(env, "TOOLMESH_MAX_CALL_DEPTH", 8),
+            sandbox_pool_size=_int(env, "TOOLMESH_SANDBOX_POOL_SIZE", 2),
+            sandbox_wall_s=_float(env, "TOOLMESH_SANDBOX_WALL_S", 30.0),
+            sandbox_cpu_s=_float(env, "TOOLMESH_SANDBOX_CPU_S", 10.0),
+            sandbox_memory_mb=_int(env, "TOOLMESH_SANDBOX_MEMORY_MB", 512),
+            sandbox_output_bytes=_int(env, "TOOLMESH_SANDBOX_OUTPUT_BYTES", 1024 * 1024),
+            sandbox_max_tool_calls=_int(env, "TOOLMESH_SANDBOX_MAX_TOOL_CALLS", 16),
+            sandbox_job_workers=_int(env, "TOOLMESH_SANDBOX_JOB_WORKERS", 1),
+            api_keys_file=env.get("TOOLMESH_API_KEYS_FILE", ""),
+            trace_payloads=_bool(env.get("TOOLMESH_TRACE_PAYLOADS"), False),
+            conversation_budget_usd=_float(env, "TOOLMESH_CONVERSATION_BUDGET_USD", 0.0),
+            mcp_call_timeout_s=_float(env, "TOOLMESH_MCP_CALL_TIMEOUT_S", 120.0),
+            mcp_connect_timeout_s=_float(env, "TOOLMESH_MCP_CONNECT_TIMEOUT_S", 30.0),
+            mcp_restart_backoff_s=_float(env, "TOOLMESH_MCP_RESTART_BACKOFF_S", 0.5),
+            mcp_restart_backoff_max_s=_float(env, "TOOLMESH_MCP_RESTART_BACKOFF_MAX_S", 30.0),
+            mcp_hold_changed=_bool(env.get("TOOLMESH_MCP_HOLD_CHANGED"), True),
+            mcp_catalog_path=Path(
+                env.get("TOOLMESH_MCP_CATALOG") or data_dir / "mcp_catalog.json"
+            ).resolve(),
+            surface_embeddings=_bool(env.get("TOOLMESH_SURFACE_EMBEDDINGS"), True),
+            surface_floor_ttl_s=_float(env, "TOOLMESH_SURFACE_FLOOR_TTL_S", 30.0),
+            surface_derive_interval_s=_float(env, "TOOLMESH_SURFACE_DERIVE_INTERVAL_S", 3600.0),
         )
 
     def with_overrides(self, **changes: object) -> Settings:

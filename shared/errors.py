@@ -6,6 +6,7 @@ imports grpc and no client ever sees a traceback.
     ├── InvalidArgument           INVALID_ARGUMENT (malformed request, bad input JSON)
     ├── NotFound                  NOT_FOUND (unknown tool, dataset, conversation)
     ├── AlreadyExists             ALREADY_EXISTS
+    ├── Unauthenticated           UNAUTHENTICATED (no or unknown API key)
     ├── PermissionDenied          PERMISSION_DENIED
     ├── FailedPrecondition        FAILED_PRECONDITION (a service that is not configured)
     ├── ResourceExhausted         RESOURCE_EXHAUSTED (input or output over a limit)
@@ -58,6 +59,11 @@ class AlreadyExists(ToolmeshError):
     default_reason = "ALREADY_EXISTS"
 
 
+class Unauthenticated(ToolmeshError):
+    code = "UNAUTHENTICATED"
+    default_reason = "UNAUTHENTICATED"
+
+
 class PermissionDenied(ToolmeshError):
     code = "PERMISSION_DENIED"
     default_reason = "PERMISSION_DENIED"
@@ -99,6 +105,7 @@ BY_CODE: dict[str, type[ToolmeshError]] = {
         InvalidArgument,
         NotFound,
         AlreadyExists,
+        Unauthenticated,
         PermissionDenied,
         FailedPrecondition,
         ResourceExhausted,

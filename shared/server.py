@@ -4,16 +4,18 @@ standard health service, server reflection, and graceful shutdown on SIGTERM/SIG
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -33,8 +35,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Per RPC: a SERVER span continuing the caller's trace, and the mapping of ToolmeshError to
     a rich status (any other exception becomes INTERNAL without a traceback)."""
 
-    def __init__(self, tracing: bool) -> None:
+    def __init__(self, tracing: bool, *, trust_baggage: bool = True) -> None:
         self._tracing = tracing
+        self._trust_baggage = trust_baggage
 
     async def intercept_service(
         self,
@@ -50,18 +53,27 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
         span_name = method.lstrip("/")
 
-        def start_span(context: grpc.aio.ServicerContext) -> Any:
+        @contextlib.contextmanager
+        def start_span(context: grpc.aio.ServicerContext) -> Iterator[Any]:
             if not traced:
-                return trace.use_span(trace.INVALID_SPAN)
+                with trace.use_span(trace.INVALID_SPAN) as invalid:
+                    yield invalid
+                return
             md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-            return tracer().start_as_current_span(
-                span_name,
-                context=extract_context(md),
-                kind=SpanKind.SERVER,
-                attributes=attrs,
-                record_exception=False,
-                set_status_on_exception=False,
-            )
+            # The caller's context (with its baggage, when trusted) becomes the current one for
+            # the whole call, so the handler's own spans and outgoing calls carry it too.
+            token = otel_context.attach(extract_context(md, trust_baggage=self._trust_baggage))
+            try:
+                with tracer().start_as_current_span(
+                    span_name,
+                    kind=SpanKind.SERVER,
+                    attributes=attrs,
+                    record_exception=False,
+                    set_status_on_exception=False,
+                ) as span:
+                    yield span
+            finally:
+                otel_context.detach(token)
 
         if handler.unary_unary:
             inner = handler.unary_unary
@@ -139,12 +151,14 @@ async def create_server(
     host: str,
     port: int,
     tracing: bool,
+    trust_baggage: bool = True,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start a server with health, reflection and the interceptor. Returns the bound
-    port (pass port 0 in tests to get a free one)."""
+    port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
+    trust_baggage=False: W3C baggage from its callers is dropped, never propagated."""
     bindings = list(bindings)
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(tracing)],
+        interceptors=[ServerInterceptor(tracing, trust_baggage=trust_baggage)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from services.dispatcher.auth import ApiKeys
 from services.dispatcher.core import Dispatcher
+from services.dispatcher.effects import ExportFiles, SqlEffectsStore
 from services.dispatcher.logstore import SqlCallLog
 from services.dispatcher.servicer import DispatcherServicer, GrpcRegistryGateway
 from services.dispatcher.statestore import SqlGuardrailStore
@@ -18,7 +20,9 @@ from shared.server import (
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
+from shared.telemetry.metrics import setup_metrics, shutdown_metrics
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.telemetry.usage import SqlUsageLog
 from toolmesh.dispatcher.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
 SERVICE = "dispatcher"
@@ -27,27 +31,40 @@ SERVICE = "dispatcher"
 async def serve(settings: Settings, port: int) -> None:
     stop = install_stop_signals()
     setup_tracing(SERVICE, settings)
+    setup_metrics(SERVICE, settings)
     engine = make_engine(settings.database_url)
-    log = SqlCallLog(session_factory(engine))
+    sessions = session_factory(engine)
+    log = SqlCallLog(sessions)
     clients = MeshClients(dict(settings.addresses))
+    effects_store = SqlEffectsStore(engine)
     core = Dispatcher(
         GrpcRegistryGateway(clients.registry(), settings.tracing),
         log,
         SqlGuardrailStore(engine),
         timeout_s=settings.tool_timeout_s,
         max_input_bytes=settings.max_input_bytes,
+        usage=SqlUsageLog(sessions),
+        conversation_budget_usd=settings.conversation_budget_usd,
+        data_dir=settings.data_dir,
+        effects_store=effects_store,
     )
     server, bound, health = await create_server(
         [
             ServiceBinding(
                 dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server,
-                DispatcherServicer(core, log),
+                DispatcherServicer(
+                    core,
+                    log,
+                    ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
+                    ExportFiles(effects_store, settings.data_dir),
+                ),
                 dispatcher_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name,
             )
         ],
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
     )
     announce_ready(SERVICE, f"{settings.host}:{bound}")
 
@@ -57,6 +74,7 @@ async def serve(settings: Settings, port: int) -> None:
         await asyncio.to_thread(log.close)
         engine.dispose()
         shutdown_tracing()
+        shutdown_metrics()
 
     await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 

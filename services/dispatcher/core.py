@@ -11,12 +11,18 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from google.protobuf import json_format
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from services.dispatcher.cancellation import InflightCall, InflightCalls
+from services.dispatcher.effects import CallEffects, EffectsStore, ResultEffects
 from services.dispatcher.guardrails import (
     LOOP_GUARD_THRESHOLD,
     NARRATION_KEYS,
@@ -36,7 +42,7 @@ from services.dispatcher.guardrails import (
     repeat_failure_hint,
     validate_rule,
 )
-from services.dispatcher.logstore import CallLog, CallRecord, EventRecord, StateWrite, summarize
+from services.dispatcher.logstore import CallLog, CallRecord, StateWrite, summarize
 from services.dispatcher.statestore import (
     FailedApproachWrite,
     GuardrailStore,
@@ -46,8 +52,11 @@ from services.dispatcher.statestore import (
     rate_rules,
 )
 from shared import convert
+from shared.contract.effects import DisplayHandle, Effect
+from shared.contract.effects_cards import finalize_turn_cards
 from shared.errors import DeadlineExceeded, InvalidArgument, ToolmeshError
-from shared.telemetry.tracing import current_trace_id
+from shared.telemetry.tracing import current_trace_id, span_attributes, with_call_baggage
+from shared.telemetry.usage import UsageLog
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.type.v1 import types_pb2 as pb
 
@@ -56,6 +65,7 @@ __all__ = ["NARRATION_KEYS", "DispatchOutcome", "Dispatcher", "RegistryGateway",
 T = TypeVar("T")
 
 RULE_CACHE_TTL_S = 2.0
+TEXT_CHUNK = 1024  # characters per text_delta chunk of a streamed result
 TOOL_TIMEOUT_CACHE_TTL_S = 30.0
 
 
@@ -71,6 +81,17 @@ class RegistryGateway(Protocol):
         ...
 
 
+class StreamingRegistryGateway(RegistryGateway, Protocol):
+    """A gateway that can also run a tool while relaying its progress (ExecuteToolStream)."""
+
+    async def execute_stream(
+        self,
+        request: rpb.ExecuteToolRequest,
+        timeout: float,
+        on_progress: Callable[[Mapping[str, Any]], None],
+    ) -> rpb.ExecuteToolResponse: ...
+
+
 @dataclass
 class DispatchOutcome:
     result: pb.ToolResult
@@ -78,6 +99,20 @@ class DispatchOutcome:
     args_hash: str
     tool_use_id: str
     warnings: list[str] = field(default_factory=list)
+    # The call's effects in emission order (what replay re-applies).
+    effects: list[Effect] = field(default_factory=list)
+
+
+def finalize_turn(outcomes: Sequence[DispatchOutcome]) -> None:
+    """Cards at the end of a response (one assistant turn): a singleton card type kept once,
+    in the result where it last appeared; maps of one display_id merged there."""
+    if sum(1 for o in outcomes if o.result.cards) < 2:
+        return  # each result's cards were finalised when it was dispatched
+    groups = [[json_format.MessageToDict(c) for c in o.result.cards] for o in outcomes]
+    for outcome, cards in zip(outcomes, finalize_turn_cards(groups), strict=True):
+        del outcome.result.cards[:]
+        for card in cards:
+            outcome.result.cards.add().update(card)
 
 
 @dataclass(frozen=True)
@@ -182,8 +217,10 @@ class _Plan:
     timeout_s: float
     refusal: tuple[str, str] | None = None  # (err_kind, message)
     warnings: list[str] = field(default_factory=list)
-    events: list[EventRecord] = field(default_factory=list)
+    fx: CallEffects = field(default_factory=CallEffects)
     writes: list[StateWrite] = field(default_factory=list)
+    # Set by a streaming caller: resolving it stops the call (the client went away).
+    stop: asyncio.Future[str] | None = None
 
     @property
     def tool_use_id(self) -> str:
@@ -204,8 +241,14 @@ class Dispatcher:
         rule_cache_ttl_s: float = RULE_CACHE_TTL_S,
         poll_interval_s: float = 0.1,
         store_threads: int = 2,
+        usage: UsageLog | None = None,
+        conversation_budget_usd: float = 0.0,
+        data_dir: Path | None = None,
+        effects_store: EffectsStore | None = None,
     ) -> None:
         self._registry = registry
+        self._usage = usage
+        self._conversation_budget_usd = conversation_budget_usd
         self._log = log
         self._store = store
         self._timeout_s = timeout_s
@@ -217,6 +260,7 @@ class Dispatcher:
         self._store_pool = ThreadPoolExecutor(store_threads, thread_name_prefix="guardrail-store")
         self._inflight = InflightCalls(self._read_epochs, poll_interval_s=poll_interval_s)
         self._poll_interval_s = poll_interval_s
+        self._effects = ResultEffects((data_dir or Path(".toolmesh")).resolve(), effects_store)
 
     def _run_store(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run a blocking store call on the store's few threads: a handful of threads keep the
@@ -249,12 +293,22 @@ class Dispatcher:
 
     # --- dispatch ---------------------------------------------------------------------------
 
-    async def dispatch(self, tool_use: pb.ToolUse, context: pb.CallContext) -> DispatchOutcome:
+    async def dispatch(
+        self,
+        tool_use: pb.ToolUse,
+        context: pb.CallContext,
+        *,
+        display: DisplayHandle | None = None,
+        stop: asyncio.Future[str] | None = None,
+    ) -> DispatchOutcome:
         """Dispatch one call. RPC-level errors (unknown tool, bad input, registry down) are
-        logged and re-raised; tool failures and guardrail refusals come back as Err results."""
+        logged and re-raised; tool failures and guardrail refusals come back as Err results.
+        With a `display`, the call's progress, cards, text and export notices are streamed to
+        it as they happen; resolving `stop` cancels the call like Cancel does."""
         inputs = self.parse_input(tool_use)
         approaches: dict[tuple[str, str], FailedApproach] = {}
-        (plan,) = await self._plan(context, [(tool_use, inputs)], approaches)
+        (plan,) = await self._plan(context, [(tool_use, inputs)], approaches, display)
+        plan.stop = stop
         return await self._run(plan, approaches, raise_rpc_errors=True)
 
     async def dispatch_many(
@@ -289,7 +343,9 @@ class Dispatcher:
                     tool_use_id=plan.tool_use_id,
                 )
 
-        return list(await asyncio.gather(*(one(p) for p in plans)))
+        outcomes = list(await asyncio.gather(*(one(p) for p in plans)))
+        finalize_turn(outcomes)
+        return outcomes
 
     # --- guardrails (before execution) ------------------------------------------------------
 
@@ -298,6 +354,7 @@ class Dispatcher:
         context: pb.CallContext,
         items: Sequence[tuple[pb.ToolUse, dict[str, Any]]],
         approaches: dict[tuple[str, str], FailedApproach],
+        display: DisplayHandle | None = None,
     ) -> list[_Plan]:
         tenant, conversation, user = context.tenant_id, context.conversation_id, context.user_id
         rules = await self._rules.for_tenant(tenant)
@@ -374,6 +431,7 @@ class Dispatcher:
                 decision=escalate(checks, observations),
                 start_epoch=snap.cancel_epoch,
                 timeout_s=timeout_of[tu.name],
+                fx=CallEffects(display),
             )
             self._decide(plan)
             plans.append(plan)
@@ -387,69 +445,63 @@ class Dispatcher:
         elif plan.loop.refuses:
             plan.refusal = ("loop_guard", loop_guard_message(name, plan.loop.run_length))
         plan.warnings.extend(text for _, _, text in decision.advisory)
-        plan.events.append(
-            EventRecord(
-                "tool_call",
-                {
-                    "tool_name": name,
-                    "tool_use_id": plan.tool_use_id,
-                    "input": plan.inputs,
-                    "reasoning": plan.inputs.get("reasoning"),
-                    "args_hash": plan.args_hash,
-                    "identity_hash": plan.identity,
-                    "user_id": ctx.user_id,
-                },
-                plan.tool_use_id,
-            )
+        plan.fx.event(
+            "tool_call",
+            {
+                "tool_name": name,
+                "tool_use_id": plan.tool_use_id,
+                "input": plan.inputs,
+                "reasoning": plan.inputs.get("reasoning"),
+                "args_hash": plan.args_hash,
+                "identity_hash": plan.identity,
+                "user_id": ctx.user_id,
+            },
+            plan.tool_use_id,
         )
-        plan.events.append(
-            EventRecord(
-                "decision",
-                {
-                    "tool_name": name,
-                    "tool_use_id": plan.tool_use_id,
-                    "action": "refuse" if plan.refusal else "execute",
-                    "refused_by": plan.refusal[0] if plan.refusal else None,
-                    "loop_guard": {
-                        "run_length": plan.loop.run_length,
-                        "threshold": LOOP_GUARD_THRESHOLD,
-                        "fired": plan.loop.refuses,
-                    },
-                    "policies": [
-                        {
-                            "rule_id": c.rule.id,
-                            "name": c.rule.name,
-                            "kind": c.rule.kind,
-                            "mode": c.rule.mode,
-                            "fired": c.fired,
-                            "detail": c.detail,
-                        }
-                        for c in decision.checks
-                    ],
-                    "cancel_epoch": plan.start_epoch,
-                    "timeout_s": plan.timeout_s,
+        plan.fx.event(
+            "decision",
+            {
+                "tool_name": name,
+                "tool_use_id": plan.tool_use_id,
+                "action": "refuse" if plan.refusal else "execute",
+                "refused_by": plan.refusal[0] if plan.refusal else None,
+                "loop_guard": {
+                    "run_length": plan.loop.run_length,
+                    "threshold": LOOP_GUARD_THRESHOLD,
+                    "fired": plan.loop.refuses,
                 },
-                plan.tool_use_id,
-            )
+                "policies": [
+                    {
+                        "rule_id": c.rule.id,
+                        "name": c.rule.name,
+                        "kind": c.rule.kind,
+                        "mode": c.rule.mode,
+                        "fired": c.fired,
+                        "detail": c.detail,
+                    }
+                    for c in decision.checks
+                ],
+                "cancel_epoch": plan.start_epoch,
+                "timeout_s": plan.timeout_s,
+            },
+            plan.tool_use_id,
         )
         for check, count, text in decision.violations:
-            plan.events.append(
-                EventRecord(
-                    "policy_violation",
-                    {
-                        "rule_id": check.rule.id,
-                        "rule_name": check.rule.name,
-                        "kind": check.rule.kind,
-                        "mode": check.rule.mode,
-                        "tool_name": name,
-                        "tool_use_id": plan.tool_use_id,
-                        "user_id": ctx.user_id,
-                        "detail": check.detail,
-                        "count": count,
-                        "message": text,
-                    },
-                    plan.tool_use_id,
-                )
+            plan.fx.event(
+                "policy_violation",
+                {
+                    "rule_id": check.rule.id,
+                    "rule_name": check.rule.name,
+                    "kind": check.rule.kind,
+                    "mode": check.rule.mode,
+                    "tool_name": name,
+                    "tool_use_id": plan.tool_use_id,
+                    "user_id": ctx.user_id,
+                    "detail": check.detail,
+                    "count": count,
+                    "message": text,
+                },
+                plan.tool_use_id,
             )
             plan.writes.append(ObservationWrite(ctx.tenant_id, ctx.user_id, check.rule.id, name))
         if ctx.conversation_id:
@@ -466,6 +518,8 @@ class Dispatcher:
     ) -> DispatchOutcome:
         started = self._clock()
         status = "refused"
+        if plan.refusal is None:
+            await self._apply_conversation_budget(plan)
         if plan.refusal is not None:
             result = convert.error_result_pb(plan.refusal[1], plan.refusal[0])
         else:
@@ -482,7 +536,14 @@ class Dispatcher:
                     args_hash=plan.args_hash,
                     tool_use_id=plan.tool_use_id,
                     warnings=list(plan.warnings),
+                    effects=plan.fx.effects,
                 )
+            if status in ("ok", "hint", "err"):
+                result = await self._effects.apply(
+                    result, plan.ctx, plan.tool_use.name, plan.fx, plan.writes
+                )
+                status = convert.envelope_kind(result)
+        self._stream_text(plan, result)
         warnings = list(plan.warnings)
         attempts = 0
         if status in ("ok", "hint", "err", "timeout") and convert.envelope_kind(result) == "err":
@@ -512,7 +573,44 @@ class Dispatcher:
             args_hash=plan.args_hash,
             tool_use_id=plan.tool_use_id,
             warnings=warnings,
+            effects=plan.fx.effects,
         )
+
+    def _stream_text(self, plan: _Plan, result: pb.ToolResult) -> None:
+        """The model-facing text of the result, as text_delta chunks of one StreamChunks."""
+        if not plan.fx.streaming or not result.content:
+            return
+        text = result.content
+        plan.fx.stream(
+            *(
+                ("text_delta", {"tool_use_id": plan.tool_use_id, "text": text[i : i + TEXT_CHUNK]})
+                for i in range(0, len(text), TEXT_CHUNK)
+            )
+        )
+
+    async def _apply_conversation_budget(self, plan: _Plan) -> None:
+        """The per-conversation ceiling: refuse a call once the conversation's usage_log total
+        reaches it, otherwise narrow the call's budget to what is left (the registry stops a
+        handler that crosses it). Concurrent calls of one batch may together overshoot by at
+        most one call's spending."""
+        ceiling = self._conversation_budget_usd
+        ctx = plan.ctx
+        if ceiling <= 0 or self._usage is None or not ctx.conversation_id:
+            return
+        spent = await self._run_store(
+            self._usage.conversation_spent, ctx.tenant_id, ctx.conversation_id
+        )
+        left = ceiling - spent
+        if left <= 0:
+            plan.refusal = (
+                "budget_exceeded",
+                f"conversation {ctx.conversation_id!r} has spent ${spent:.6f} of its "
+                f"${ceiling:.6f} budget; {plan.tool_use.name} was not run",
+            )
+            return
+        limit = ctx.budget.limit_usd - ctx.budget.spent_usd if ctx.budget.limit_usd else left
+        ctx.budget.limit_usd = min(limit, left)
+        ctx.budget.spent_usd = 0.0
 
     async def _execute(self, plan: _Plan) -> tuple[pb.ToolResult, str]:
         """Run the call in the registry, raced against the conversation's cancellation. A
@@ -524,11 +622,27 @@ class Dispatcher:
         inflight: InflightCall | None = None
         if plan.ctx.conversation_id:
             inflight = self._inflight.register(key, plan.tool_use_id, plan.start_epoch)
-        task = asyncio.create_task(self._registry.execute(request, plan.timeout_s))
+        # Tenant and conversation travel on as W3C baggage set here, from the call this
+        # dispatcher serves (a client's own baggage was dropped at the door).
+        trace.get_current_span().set_attributes(
+            span_attributes(
+                toolmesh__tenant__id=plan.ctx.tenant_id,
+                gen_ai__conversation__id=plan.ctx.conversation_id,
+                gen_ai__tool__name=plan.tool_use.name,
+                gen_ai__tool__call__id=plan.tool_use_id,
+            )
+        )
+        token = otel_context.attach(with_call_baggage(plan.ctx.tenant_id, plan.ctx.conversation_id))
+        try:
+            task = asyncio.create_task(self._call_registry(plan, request))
+        finally:
+            otel_context.detach(token)
         try:
             waiters: set[asyncio.Future[Any]] = {task}
             if inflight is not None:
                 waiters.add(inflight.tripped)
+            if plan.stop is not None:
+                waiters.add(plan.stop)
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
@@ -539,6 +653,8 @@ class Dispatcher:
         if task.cancelled():
             tripped = inflight is not None and inflight.tripped.done()
             why = inflight.tripped.result() if inflight is not None and tripped else "stopped"
+            if not tripped and plan.stop is not None and plan.stop.done():
+                why = plan.stop.result()
             return (
                 convert.error_result_pb(f"{plan.tool_use.name} was cancelled: {why}", "cancelled"),
                 "cancelled",
@@ -553,6 +669,21 @@ class Dispatcher:
                 "timeout",
             )
         return response.result, convert.envelope_kind(response.result)
+
+    async def _call_registry(
+        self, plan: _Plan, request: rpb.ExecuteToolRequest
+    ) -> rpb.ExecuteToolResponse:
+        """ExecuteTool; for a streamed call ExecuteToolStream, each progress report becomes a
+        `progress` event and display chunk as it arrives."""
+        streaming = getattr(self._registry, "execute_stream", None)
+        if not plan.fx.streaming or streaming is None:
+            return await self._registry.execute(request, plan.timeout_s)
+
+        def on_progress(data: Mapping[str, Any]) -> None:
+            plan.fx.report_progress(plan.tool_use_id, data)
+
+        gateway: StreamingRegistryGateway = self._registry  # type: ignore[assignment]
+        return await gateway.execute_stream(request, plan.timeout_s, on_progress)
 
     def _base_record(self, plan: _Plan, elapsed_ms: float) -> dict[str, Any]:
         ctx = plan.ctx
@@ -576,8 +707,8 @@ class Dispatcher:
         attempts: int,
         warnings: list[str],
         err_kind: str = "",
-    ) -> EventRecord:
-        return EventRecord(
+    ) -> None:
+        plan.fx.event(
             "outcome",
             {
                 "tool_name": plan.tool_use.name,
@@ -614,16 +745,14 @@ class Dispatcher:
             "exports": [e.filename for e in result.exports],
         }
         err_kind = result.envelope.err.err_kind if kind == "err" else ""
+        plan.fx.event("tool_result", result_data, plan.tool_use_id)
+        self._outcome_event(plan, status, elapsed_ms, attempts, warnings, err_kind)
         return CallRecord(
             **self._base_record(plan, elapsed_ms),
             output_summary=summarize(result.content or (err_text or "")),
             success=kind != "err",
             error=err_text,
-            events=[
-                *plan.events,
-                EventRecord("tool_result", result_data, plan.tool_use_id),
-                self._outcome_event(plan, status, elapsed_ms, attempts, warnings, err_kind),
-            ],
+            events=list(plan.fx.events),
             state_writes=list(plan.writes),
         )
 
@@ -639,18 +768,16 @@ class Dispatcher:
             "reason": error.reason,
             "duration_ms": elapsed_ms,
         }
+        plan.fx.event("tool_result", result_data, plan.tool_use_id)
+        self._outcome_event(
+            plan, "rpc_error", elapsed_ms, 0, list(plan.warnings), _kind_of_error(error)
+        )
         return CallRecord(
             **self._base_record(plan, elapsed_ms),
             output_summary=summarize(err_text),
             success=False,
             error=err_text,
-            events=[
-                *plan.events,
-                EventRecord("tool_result", result_data, plan.tool_use_id),
-                self._outcome_event(
-                    plan, "rpc_error", elapsed_ms, 0, list(plan.warnings), _kind_of_error(error)
-                ),
-            ],
+            events=list(plan.fx.events),
             state_writes=list(plan.writes),
         )
 

@@ -36,11 +36,15 @@ MAX_BATCH = 256
 
 @dataclass
 class EventRecord:
-    """One conversation_events row to write."""
+    """One conversation_events row to write (built only by the effects chokepoint's recorder,
+    services.dispatcher.effects.CallEventBuffer). `at` becomes created_at (the commit time when
+    unset); `blob`, when given, is stored in conversation_event_blobs in place of `data`."""
 
     event_type: str
     data: dict[str, Any]
     tool_use_id: str = ""
+    at: datetime | None = None
+    blob: bytes | None = None
 
 
 class StateWrite(Protocol):
@@ -267,6 +271,59 @@ _EVENTS = cast(Table, ConversationEventRow.__table__)
 _BLOBS = cast(Table, ConversationEventBlobRow.__table__)
 
 
+def _event_row(
+    conn: Connection, tenant_id: str, conversation_id: str, event: EventRecord, now: datetime
+) -> dict[str, Any]:
+    """The conversation_events row of an event (its blob inserted first when it needs one):
+    the one encoding of an event, shared by the call log and replay."""
+    encoded = event.blob
+    payload: str | None = None
+    if encoded is None:
+        payload = dumps(event.data)
+        raw = payload.encode("utf-8")
+        if len(raw) > BLOB_THRESHOLD:
+            encoded = raw
+    blob_id: int | None = None
+    if encoded is not None:
+        blob_id = conn.execute(
+            insert(_BLOBS).returning(_BLOBS.c.id),
+            {"data": encoded, "size_bytes": len(encoded)},
+        ).scalar_one()
+    return {
+        "tenant_id": tenant_id,
+        "conversation_id": conversation_id,
+        "event_type": event.event_type,
+        "tool_use_id": event.tool_use_id,
+        "data": None if blob_id is not None else payload,
+        "blob_id": blob_id,
+        "created_at": event.at or now,
+    }
+
+
+class SqlEventRecorder:
+    """An EventRecorder that writes each event of one conversation at once, in its own
+    transaction, with the call log's encoding: what replay applies recorded effects to."""
+
+    def __init__(self, engine: Engine, tenant_id: str, conversation_id: str) -> None:
+        self._engine = engine
+        self._tenant_id = tenant_id
+        self._conversation_id = conversation_id
+
+    def record(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        tool_use_id: str,
+        at: datetime,
+        blob: bytes | None,
+    ) -> None:
+        event = EventRecord(event_type, dict(data), tool_use_id, at, blob)
+        with translate_db_errors(), self._engine.begin() as conn:
+            row = _event_row(conn, self._tenant_id, self._conversation_id, event, utcnow())
+            conn.execute(insert(_EVENTS), [row])
+
+
 def _insert_records(conn: Connection, records: Sequence[CallRecord]) -> None:
     """Insert a batch with SQLAlchemy Core (executemany): the ORM unit of work costs ~1 ms per
     call here, Core a small fraction of that."""
@@ -292,24 +349,8 @@ def _insert_records(conn: Connection, records: Sequence[CallRecord]) -> None:
             }
         )
         for event in record.events:
-            payload = dumps(event.data)
-            encoded = payload.encode("utf-8")
-            blob_id: int | None = None
-            if len(encoded) > BLOB_THRESHOLD:
-                blob_id = conn.execute(
-                    insert(_BLOBS).returning(_BLOBS.c.id),
-                    {"data": encoded, "size_bytes": len(encoded)},
-                ).scalar_one()
             event_rows.append(
-                {
-                    "tenant_id": record.tenant_id,
-                    "conversation_id": record.conversation_id,
-                    "event_type": event.event_type,
-                    "tool_use_id": event.tool_use_id,
-                    "data": None if blob_id is not None else payload,
-                    "blob_id": blob_id,
-                    "created_at": now,
-                }
+                _event_row(conn, record.tenant_id, record.conversation_id, event, now)
             )
     conn.execute(insert(_LOG), log_rows)
     if event_rows:

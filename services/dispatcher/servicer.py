@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import grpc
 from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from services.dispatcher.auth import ApiKeys, Principal
 from services.dispatcher.core import Dispatcher, DispatchOutcome
+from services.dispatcher.effects import ExportEntry, ExportFiles
 from services.dispatcher.guardrails import PolicyRule
 from services.dispatcher.logstore import CallLog
 from shared import convert
 from shared.clients import traced_call
-from shared.errors import InvalidArgument
+from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+from shared.rpc_errors import from_rpc_error
+from shared.telemetry.tracing import inject_metadata, tracer
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
 
 MAX_LOG_ROWS = 1000
 MAX_EVENTS = 5000
+MAX_EXPORTS = 1000
 GET_TOOL_TIMEOUT_S = 5.0
 
 RULE_KINDS = {
@@ -53,6 +62,61 @@ class GrpcRegistryGateway:
             peer_service="registry",
             timeout=timeout,
             tracing=self._tracing,
+        )
+
+    async def execute_stream(
+        self,
+        request: rpb.ExecuteToolRequest,
+        timeout: float,
+        on_progress: Callable[[Mapping[str, Any]], None],
+    ) -> rpb.ExecuteToolResponse:
+        """ExecuteToolStream: each progress report goes to `on_progress` as it arrives; the
+        result is returned. Cancelling the awaiting task cancels the stream (and the handler)."""
+        span_name = "toolmesh.registry.v1.RegistryService/ExecuteToolStream"
+        with tracer().start_as_current_span(
+            span_name,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": "toolmesh.registry.v1.RegistryService",
+                "rpc.method": "ExecuteToolStream",
+                "peer.service": "registry",
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            metadata = inject_metadata({}) if self._tracing else {}
+            call = self._stub.ExecuteToolStream(
+                rpb.ExecuteToolStreamRequest(
+                    name=request.name, input_json=request.input_json, context=request.context
+                ),
+                metadata=tuple(metadata.items()),
+                timeout=timeout,
+            )
+            try:
+                async for message in call:
+                    if message.HasField("progress"):
+                        p = message.progress
+                        report: dict[str, Any] = {"message": p.message}
+                        if p.HasField("fraction"):
+                            report["fraction"] = p.fraction
+                        if p.data_json:
+                            report["data"] = convert.parse_json_object(p.data_json, "data_json")
+                        on_progress(report)
+                    elif message.HasField("result"):
+                        return message.result
+            except grpc.aio.AioRpcError as exc:
+                err = from_rpc_error(exc)
+                span.set_status(Status(StatusCode.ERROR, str(err)))
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and not err.metadata:
+                    raise Unavailable(
+                        f"registry unavailable: {exc.details()}", reason="SERVICE_UNAVAILABLE"
+                    ) from None
+                raise err from None
+            finally:
+                call.cancel()
+        raise Unavailable(
+            "registry ended ExecuteToolStream without a result", reason="STREAM_TRUNCATED"
         )
 
     async def tool_timeout(self, name: str, tenant_id: str) -> float | None:
@@ -118,6 +182,66 @@ def _outcome_to_pb(o: DispatchOutcome) -> dpb.DispatchToolCallResponse:
     )
 
 
+def export_to_pb(e: ExportEntry) -> dpb.ExportFile:
+    return dpb.ExportFile(
+        file_id=e.file_id,
+        filename=e.filename,
+        path=e.path,
+        mime_type=e.mime_type,
+        size_bytes=e.size_bytes,
+        source_tool=e.source_tool,
+        original_filename=e.original_filename,
+        conversation_id=e.conversation_id,
+        tool_use_id=e.tool_use_id,
+        created_at=convert.to_timestamp(e.created_at),
+        tenant_id=e.tenant_id,
+    )
+
+
+class QueueDisplay:
+    """The display of a streamed call: each chunk the chokepoint sends becomes a stream
+    message on the RPC's queue."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[dpb.DispatchToolCallStreamResponse] = asyncio.Queue()
+
+    def progress(self, data: Mapping[str, Any]) -> None:
+        update = dpb.ProgressUpdate(
+            tool_use_id=str(data.get("tool_use_id", "")), message=str(data.get("message", ""))
+        )
+        if data.get("fraction") is not None:
+            update.fraction = float(data["fraction"])
+        if data.get("data"):
+            update.data_json = convert.dumps(data["data"])
+        self.queue.put_nowait(dpb.DispatchToolCallStreamResponse(progress=update))
+
+    def card(self, data: Mapping[str, Any]) -> None:
+        message = dpb.DispatchToolCallStreamResponse()
+        message.card.update(dict(data))
+        self.queue.put_nowait(message)
+
+    def text(self, data: Mapping[str, Any]) -> None:
+        self.queue.put_nowait(
+            dpb.DispatchToolCallStreamResponse(
+                text_delta=dpb.TextDelta(
+                    tool_use_id=str(data.get("tool_use_id", "")), text=str(data.get("text", ""))
+                )
+            )
+        )
+
+    def notice(self, data: Mapping[str, Any]) -> None:
+        self.queue.put_nowait(
+            dpb.DispatchToolCallStreamResponse(
+                export_ready=dpb.ExportReady(
+                    file_id=str(data.get("file_id", "")),
+                    filename=str(data.get("filename", "")),
+                    size_bytes=int(data.get("size_bytes") or 0),
+                    mime_type=str(data.get("mime_type", "")),
+                )
+            )
+        )
+
+
 def _page_limit(requested: int, *, default: int, cap: int) -> int:
     """A list RPC's `limit`: 0 means `default`, larger values are capped, negatives refused."""
     if requested < 0:
@@ -126,25 +250,114 @@ def _page_limit(requested: int, *, default: int, cap: int) -> int:
 
 
 class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
-    def __init__(self, core: Dispatcher, log: CallLog) -> None:
+    def __init__(
+        self,
+        core: Dispatcher,
+        log: CallLog,
+        auth: ApiKeys | None = None,
+        exports: ExportFiles | None = None,
+    ) -> None:
         self._core = core
         self._log = log
+        self._auth = auth
+        self._exports = exports
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        """The authenticated caller, or None when the dispatcher runs open."""
+        if self._auth is None:
+            return None
+        return self._auth.authenticate(context.invocation_metadata())
+
+    def _tenant(self, context: grpc.aio.ServicerContext, requested: str) -> str:
+        principal = self._principal(context)
+        return requested if principal is None else principal.tenant_for(requested)
+
+    def _call_context(
+        self, context: grpc.aio.ServicerContext, requested: pb.CallContext
+    ) -> pb.CallContext:
+        """The call's context with the tenant and capabilities of the authenticated caller."""
+        principal = self._principal(context)
+        if principal is None:
+            return requested
+        ctx = pb.CallContext()
+        ctx.CopyFrom(requested)
+        ctx.tenant_id = principal.tenant_for(requested.tenant_id)
+        del ctx.capabilities[:]
+        ctx.capabilities.extend(principal.capabilities_for(requested.capabilities))
+        return ctx
 
     async def DispatchToolCall(
         self, request: dpb.DispatchToolCallRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DispatchToolCallResponse:
-        return _outcome_to_pb(await self._core.dispatch(request.tool_use, request.context))
+        ctx = self._call_context(context, request.context)
+        return _outcome_to_pb(await self._core.dispatch(request.tool_use, ctx))
 
     async def DispatchToolCalls(
         self, request: dpb.DispatchToolCallsRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DispatchToolCallsResponse:
-        outcomes = await self._core.dispatch_many(list(request.tool_uses), request.context)
+        ctx = self._call_context(context, request.context)
+        outcomes = await self._core.dispatch_many(list(request.tool_uses), ctx)
         return dpb.DispatchToolCallsResponse(results=[_outcome_to_pb(o) for o in outcomes])
+
+    async def DispatchToolCallStream(
+        self, request: dpb.DispatchToolCallStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dpb.DispatchToolCallStreamResponse]:
+        ctx = self._call_context(context, request.context)
+        display = QueueDisplay()
+        stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            self._core.dispatch(request.tool_use, ctx, display=display, stop=stop)
+        )
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(display.queue.get())
+                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            while not display.queue.empty():
+                yield display.queue.get_nowait()
+            yield dpb.DispatchToolCallStreamResponse(result=_outcome_to_pb(task.result()))
+        finally:
+            if not task.done():
+                # The client went away: stop the call (its handler is cancelled) and let the
+                # dispatcher log it as cancelled before this RPC ends.
+                if not stop.done():
+                    stop.set_result("the client cancelled the stream")
+                await asyncio.wait({task}, timeout=30)
+
+    async def ListExports(
+        self, request: dpb.ListExportsRequest, context: grpc.aio.ServicerContext
+    ) -> dpb.ListExportsResponse:
+        exports = self._require_exports()
+        limit = _page_limit(request.limit, default=50, cap=MAX_EXPORTS)
+        tenant = self._tenant(context, request.tenant_id)
+        entries = await exports.list(tenant, request.conversation_id, limit)
+        return dpb.ListExportsResponse(exports=[export_to_pb(e) for e in entries])
+
+    async def GetExport(
+        self, request: dpb.GetExportRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dpb.GetExportResponse]:
+        exports = self._require_exports()
+        if not request.file_id:
+            raise InvalidArgument("file_id is required", field_violations=[("file_id", "empty")])
+        tenant = self._tenant(context, request.tenant_id)
+        entry, path = await exports.open(tenant, request.file_id)
+        yield dpb.GetExportResponse(info=export_to_pb(entry))
+        async for chunk in exports.chunks(path):
+            yield dpb.GetExportResponse(chunk=chunk)
+
+    def _require_exports(self) -> ExportFiles:
+        if self._exports is None:
+            raise FailedPrecondition("this dispatcher has no export store", reason="NO_EXPORTS")
+        return self._exports
 
     async def Cancel(
         self, request: dpb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> dpb.CancelResponse:
-        outcome = await self._core.cancel(request.tenant_id, request.conversation_id)
+        tenant = self._tenant(context, request.tenant_id)
+        outcome = await self._core.cancel(tenant, request.conversation_id)
         return dpb.CancelResponse(
             cancelled_calls=len(outcome.cancelled_tool_use_ids),
             message=outcome.message,
@@ -156,18 +369,25 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def AddPolicyRule(
         self, request: dpb.AddPolicyRuleRequest, context: grpc.aio.ServicerContext
     ) -> dpb.AddPolicyRuleResponse:
+        principal = self._principal(context)
+        if principal is not None:
+            principal.require_admin("adding a policy rule")
         rule = await self._core.add_rule(rule_from_pb(request.rule))
         return dpb.AddPolicyRuleResponse(rule=rule_to_pb(rule))
 
     async def ListPolicyRules(
         self, request: dpb.ListPolicyRulesRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListPolicyRulesResponse:
-        rules = await self._core.list_rules(request.tenant_id, request.include_disabled)
+        tenant = self._tenant(context, request.tenant_id)
+        rules = await self._core.list_rules(tenant, request.include_disabled)
         return dpb.ListPolicyRulesResponse(rules=[rule_to_pb(r) for r in rules])
 
     async def DisablePolicyRule(
         self, request: dpb.DisablePolicyRuleRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DisablePolicyRuleResponse:
+        principal = self._principal(context)
+        if principal is not None:
+            principal.require_admin("disabling a policy rule")
         rule = await self._core.disable_rule(request.id)
         return dpb.DisablePolicyRuleResponse(rule=rule_to_pb(rule))
 
@@ -178,7 +398,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         entries = await asyncio.to_thread(
             self._log.list_log,
             tool_name=request.tool_name,
-            tenant_id=request.tenant_id,
+            tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
             limit=limit,
         )
@@ -214,7 +434,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
         events = await asyncio.to_thread(
             self._log.list_events,
-            tenant_id=request.tenant_id,
+            tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
             event_type=request.event_type,
             limit=limit,

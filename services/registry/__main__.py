@@ -8,11 +8,15 @@ import os
 from services.registry.context import ToolContext
 from services.registry.core import Registry
 from services.registry.datasets import SqlDatasetStore
+from services.registry.mcp_route import McpRoute
 from services.registry.repository import SqlToolRepository
+from services.registry.sandbox_route import SandboxRoute
 from services.registry.servicer import GrpcToolCaller, RegistryServicer
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
+from shared.llm.client import LlmClientCache
+from shared.llm.config import ModelConfigStore
 from shared.server import (
     ServiceBinding,
     create_server,
@@ -20,7 +24,9 @@ from shared.server import (
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
+from shared.telemetry.metrics import setup_metrics, shutdown_metrics
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.telemetry.usage import SqlUsageLog
 from toolmesh.registry.v1 import registry_pb2, registry_pb2_grpc
 
 SERVICE = "registry"
@@ -29,6 +35,7 @@ SERVICE = "registry"
 async def serve(settings: Settings, port: int) -> None:
     stop = install_stop_signals()
     setup_tracing(SERVICE, settings)
+    setup_metrics(SERVICE, settings)
     await asyncio.to_thread(upgrade, settings.database_url)
     engine = make_engine(settings.database_url)
     sessions = session_factory(engine)
@@ -37,23 +44,43 @@ async def serve(settings: Settings, port: int) -> None:
     loop = asyncio.get_running_loop()
     caller_box: list[GrpcToolCaller] = []
 
+    usage = SqlUsageLog(sessions)
+    model_configs = ModelConfigStore(sessions)
+    await asyncio.to_thread(model_configs.seed_defaults)
+    llm_clients = LlmClientCache(model_configs)
+
     def context_defaults(ctx: ToolContext) -> None:
         ctx.settings = settings
         ctx.datasets = datasets
         ctx.caller = caller_box[0] if caller_box else None
         ctx.loop = loop
+        ctx.usage = usage
+        ctx.sessions = sessions
+        ctx.llm_clients = llm_clients.for_role
 
     core = Registry(
         repo,
         context_defaults=context_defaults,
-        routes={},  # custom -> sandbox and mcp -> mcp_bridge land with their services
+        routes={
+            "custom": SandboxRoute(settings.address("sandbox"), tracing=settings.tracing)
+            if settings.address("sandbox")
+            else None,
+            "mcp": McpRoute(
+                settings.address("mcp_bridge"),
+                tracing=settings.tracing,
+                default_timeout_s=settings.mcp_call_timeout_s,
+            )
+            if settings.address("mcp_bridge")
+            else None,
+        },
         cache_ttl_s=settings.tool_cache_ttl_s,
         max_depth=settings.max_depth,
         disabled_flags=settings.disabled_flags,
+        trace_payloads=settings.trace_payloads,
     )
     await asyncio.to_thread(core.seed_system_tools)
     await asyncio.to_thread(core.auto_register_handlers)
-    servicer = RegistryServicer(core, max_input_bytes=settings.max_input_bytes)
+    servicer = RegistryServicer(core, max_input_bytes=settings.max_input_bytes, sessions=sessions)
     server, bound, health = await create_server(
         [
             ServiceBinding(
@@ -75,8 +102,10 @@ async def serve(settings: Settings, port: int) -> None:
 
     async def on_stop() -> None:
         await clients.close()
+        await llm_clients.aclose()
         engine.dispose()
         shutdown_tracing()
+        shutdown_metrics()
 
     await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 

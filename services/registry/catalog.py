@@ -8,11 +8,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from services.registry.schemas import analysis, internal
+from services.registry.schemas import analysis, internal, llm, mcp_catalog, surface
 
 logger = logging.getLogger(__name__)
 
-CATEGORY_MODULES = (analysis, internal)
+CATEGORY_MODULES = (analysis, llm, surface, internal, mcp_catalog)
 
 # The source of truth for prompt order and registry iteration order.
 _TOOL_ORDER: tuple[str, ...] = (
@@ -21,9 +21,18 @@ _TOOL_ORDER: tuple[str, ...] = (
     "preview_data",
     "describe_entry",
     "query",
+    # llm
+    "call_llm",
+    "query_telemetry",
+    # surface
+    "search_tools",
+    # mcp
+    "search_mcp_marketplace",
+    "install_mcp_server",
     # internal
     "ping",
     "compose_ping",
+    "compose_llm",
 )
 
 # Tools soft-deleted by seeding. Their schema and handler may stay in the code, dormant.

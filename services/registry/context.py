@@ -4,16 +4,23 @@ conversation's datasets, settings, and a way to compose other tools through the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
+from sqlalchemy.orm import Session, sessionmaker
 
 from shared.config import Settings
+from shared.costs import CostAccount
+from shared.telemetry import metrics
+from shared.telemetry.tracing import current_trace_id
+from shared.telemetry.usage import UsageEntry, UsageLog
 
 if TYPE_CHECKING:
     from shared.contract import ContractRecorder, ToolResult
+    from shared.llm.client import LLMClient, LLMReply
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,20 @@ class ToolContext:
     loop: asyncio.AbstractEventLoop | None = None
     # Where the contract boundary counts this call's envelope (the registry's counters).
     contract_recorder: ContractRecorder | None = None
+    # What this call has spent (LLM calls, nested tools) against its budget.
+    cost: CostAccount = field(default_factory=CostAccount)
+    usage: UsageLog | None = None
+    # The database, for tools that read the shared logs (query_telemetry).
+    sessions: sessionmaker[Session] | None = None
+    llm_clients: Callable[[str], LLMClient] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    # Where progress reports go (a streaming caller's queue); None when nobody listens.
+    progress_sink: Callable[[Mapping[str, Any]], None] | None = None
+
+    def __post_init__(self) -> None:
+        fresh = self.cost.limit is None and not self.cost.spent_before and not self.cost.total
+        if fresh and (self.budget_limit is not None or self.budget_spent):
+            self.cost = CostAccount(limit=self.budget_limit, spent_before=self.budget_spent)
 
     @property
     def scope(self) -> DatasetScope:
@@ -104,6 +124,21 @@ class ToolContext:
     def list_datasets(self) -> Sequence[DatasetInfo]:
         return self._store().list(self.scope)
 
+    def report_progress(self, message: str, *, fraction: float | None = None, **data: Any) -> None:
+        """Tell a streaming caller what the handler is doing: a message, an optional fraction
+        done in [0, 1] and JSON-able details. A no-op when the call is not streamed; safe from
+        sync handlers (worker threads) and async ones."""
+        if self.progress_sink is None:
+            return
+        report: dict[str, Any] = {"message": str(message)}
+        if fraction is not None:
+            value = float(fraction)
+            if math.isfinite(value):
+                report["fraction"] = min(1.0, max(0.0, value))
+        if data:
+            report["data"] = data
+        self.progress_sink(report)
+
     async def call_tool(self, name: str, inputs: Mapping[str, Any]) -> ToolResult:
         """Compose another tool: re-enters the registry over gRPC with this context (one trace)."""
         if self.caller is None:
@@ -117,3 +152,44 @@ class ToolContext:
             raise RuntimeError("this context has no event loop to call tools on")
         future = asyncio.run_coroutine_threadsafe(self.call_tool(name, inputs), self.loop)
         return future.result()
+
+    async def llm(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        role: str = "call_llm",
+        system: str | None = None,
+        max_output_tokens: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> LLMReply:
+        """One LLM call on the model of `role`, charged to this call: refused when the budget
+        is already spent, recorded in usage_log, and BudgetExceeded when it crosses the limit
+        (the cost is recorded either way — it was incurred)."""
+        if self.llm_clients is None:
+            raise RuntimeError("this context cannot call an LLM")
+        self.cost.check(f"before an LLM call for {self.tool_name}")
+        client = await asyncio.to_thread(self.llm_clients, role)
+        reply = await client.complete(
+            messages, system=system, max_output_tokens=max_output_tokens, tools=tools
+        )
+        entry = UsageEntry(
+            tenant_id=self.tenant_id,
+            tool_name=self.tool_name,
+            kind="llm",
+            cost_usd=reply.cost_usd,
+            user_id=self.user_id,
+            conversation_id=self.conversation_id,
+            tool_use_id=self.tool_use_id,
+            trace_id=current_trace_id(),
+            provider=reply.provider,
+            model=reply.model,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            cache_read_tokens=reply.usage.cache_read_tokens,
+            cache_write_tokens=reply.usage.cache_write_tokens,
+        )
+        if self.usage is not None:
+            await asyncio.to_thread(self.usage.record, entry)
+        metrics.record_cost(self.tenant_id, self.tool_name, reply.cost_usd)
+        self.cost.charge_leaf(reply.cost_usd, f"LLM call for {self.tool_name}")
+        return reply

@@ -15,6 +15,7 @@ import copy
 import difflib
 import importlib
 import inspect
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any, Protocol, cast
 
 import jsonschema
 from jsonschema.exceptions import ValidationError
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
 from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
 from services.registry.context import ToolContext
@@ -47,8 +48,11 @@ from shared.contract import (
     wrap_handler,
 )
 from shared.contract.telemetry import emit
+from shared.costs import BudgetExceeded
 from shared.errors import FailedPrecondition, NotFound
-from shared.telemetry.tracing import span_attributes, tracer
+from shared.telemetry import metrics, semconv
+from shared.telemetry.tracing import current_trace_id, span_attributes, tracer
+from shared.telemetry.usage import UsageEntry
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,13 @@ NO_REASONING_TOOLS = frozenset({"plan"})
 MAX_VALIDATION_ERRORS = 3
 # gen_ai.tool.type values of the GenAI semantic conventions.
 _GENAI_TOOL_TYPE = {"system": "function", "custom": "function", "mcp": "extension"}
+# Tool arguments and results go on spans only when opted in, and then clipped.
+_PAYLOAD_ATTRIBUTE_CHARS = 4096
+
+
+def _clip(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= _PAYLOAD_ATTRIBUTE_CHARS else text[:_PAYLOAD_ATTRIBUTE_CHARS] + "…"
 
 
 def _envelope_kind(result: ToolResult) -> str:
@@ -139,7 +150,9 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         contract_stats: ContractCounters | None = None,
         specs: Callable[[str], ToolSpec | None] = get_spec,
+        trace_payloads: bool = False,
     ) -> None:
+        self._trace_payloads = trace_payloads
         self._repo = repo
         self._context_defaults = context_defaults
         self._routes = dict(routes or {})
@@ -245,7 +258,9 @@ class Registry:
             tool = await asyncio.to_thread(self._repo.get, name)
             self._cache[name] = (now + self._cache_ttl_s, tool)
         if tool is None or not tool.live or not tool.visible_to(tenant_id):
-            names = await asyncio.to_thread(self._repo.names)
+            # Suggest only tools this tenant can see: other tenants' tool names stay private.
+            visible = await asyncio.to_thread(self._repo.find, tenant_id=tenant_id)
+            names = [t.name for t in visible]
             suggestions = closest_names(name, names)
             hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
             raise NotFound(
@@ -272,25 +287,88 @@ class Registry:
         with tracer().start_as_current_span(
             f"execute_tool {name}",
             attributes=span_attributes(
-                gen_ai__operation__name="execute_tool",
+                gen_ai__operation__name=semconv.OPERATION_EXECUTE_TOOL,
                 gen_ai__tool__name=name,
                 gen_ai__tool__call__id=context.tool_use_id,
                 gen_ai__tool__type=_GENAI_TOOL_TYPE.get(tool.tool_type, tool.tool_type),
+                gen_ai__tool__description=tool.description[:500],
                 gen_ai__conversation__id=context.conversation_id,
                 toolmesh__tenant__id=context.tenant_id,
+                toolmesh__user__id=context.user_id,
                 toolmesh__call__depth=context.depth,
             ),
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            result = await self._guarded(tool, inputs, context)
+            if self._trace_payloads:
+                span.set_attribute("gen_ai.tool.call.arguments", _clip(inputs))
+            if context.cost.exhausted():
+                result = self._answer(
+                    tool,
+                    Err(
+                        str(
+                            BudgetExceeded(
+                                context.cost.limit or 0.0, context.cost.spent, f"before {name}"
+                            )
+                        ),
+                        err_kind="budget_exceeded",
+                    ),
+                )
+            else:
+                result = await self._guarded(tool, inputs, context)
+            await self._account(tool, result, context, span)
             kind = _envelope_kind(result)
-            span.set_attribute("toolmesh.envelope.kind", kind)
+            span.set_attribute(semconv.TOOLMESH_ENVELOPE_KIND, kind)
+            error_type = ""
             if kind == "err":
                 err = result.envelope
-                span.set_attribute("error.type", err.err_kind if isinstance(err, Err) else "legacy")
+                error_type = err.err_kind if isinstance(err, Err) else "legacy"
+                span.set_attribute(semconv.ERROR_TYPE, error_type)
                 span.set_status(Status(StatusCode.ERROR, (result.error or "")[:200]))
-        return Execution(result=result, tool=tool, execution_ms=(self._clock() - started) * 1000)
+            if self._trace_payloads:
+                span.set_attribute("gen_ai.tool.call.result", _clip(result.content))
+        elapsed = self._clock() - started
+        metrics.record_tool_call(
+            name,
+            _GENAI_TOOL_TYPE.get(tool.tool_type, tool.tool_type),
+            kind,
+            elapsed,
+            error_type=error_type,
+        )
+        return Execution(result=result, tool=tool, execution_ms=elapsed * 1000)
+
+    async def _account(
+        self, tool: ToolDef, result: ToolResult, context: ToolContext, span: Span
+    ) -> None:
+        """Settle the call's cost. What the handler declared beyond what it charged through
+        its context (an LLM call, a composed tool) is a paid tool's own leaf: recorded here,
+        once — except for cost-rollup tools, whose declared cost is their sub-calls'. The
+        call's total goes on the result and, as the rollup, on the span."""
+        spec = self._specs(tool.name) if tool.tool_type == "system" else None
+        rollup = spec is not None and spec.is_cost_rollup
+        declared = max(0.0, float(result.cost or 0.0))
+        own = 0.0 if rollup else max(0.0, declared - context.cost.total)
+        if own > 0:
+            context.cost.leaves += own
+            span.set_attribute(semconv.GEN_AI_USAGE_COST_AMOUNT, own)
+            span.set_attribute(semconv.GEN_AI_USAGE_COST_CURRENCY, semconv.COST_CURRENCY)
+            if context.usage is not None:
+                entry = UsageEntry(
+                    tenant_id=context.tenant_id,
+                    tool_name=tool.name,
+                    kind="tool",
+                    cost_usd=own,
+                    user_id=context.user_id,
+                    conversation_id=context.conversation_id,
+                    tool_use_id=context.tool_use_id,
+                    trace_id=current_trace_id(),
+                )
+                await asyncio.to_thread(context.usage.record, entry)
+            metrics.record_cost(context.tenant_id, tool.name, own)
+        # A rollup tool's declared total already holds its sub-calls' costs (logged by them).
+        result.cost = max(context.cost.total, declared) if rollup else context.cost.total
+        if result.cost > 0:
+            span.set_attribute(semconv.TOOLMESH_COST_ROLLUP_AMOUNT, result.cost)
 
     def _answer(self, tool: ToolDef, envelope: Envelope) -> ToolResult:
         """An envelope the registry answers itself, without running the handler; counted with

@@ -7,10 +7,12 @@ import json
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC
 from typing import Any
 
 import grpc
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.registry.context import ToolContext
 from services.registry.core import Registry
@@ -18,7 +20,8 @@ from services.registry.model import NAME_PATTERN, ToolDef
 from shared import convert
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
-from shared.errors import InvalidArgument
+from shared.errors import FailedPrecondition, InvalidArgument
+from shared.telemetry.stats import usage_stats
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
@@ -59,7 +62,7 @@ def context_to_pb(c: ToolContext) -> pb.CallContext:
         reasoning=c.reasoning or "",
         user_message=c.user_message,
         dataset_id=c.dataset_id,
-        budget=pb.Budget(limit_usd=c.budget_limit or 0.0, spent_usd=c.budget_spent),
+        budget=pb.Budget(limit_usd=c.cost.limit or 0.0, spent_usd=c.cost.spent),
         depth=c.depth,
     )
 
@@ -174,6 +177,7 @@ class GrpcToolCaller:
         ctx.depth = context.depth + 1
         ctx.parent_tool_use_id = context.tool_use_id
         ctx.reasoning = ""
+        context.cost.check(f"before calling {name}")
         response = await traced_call(
             self._stub.ExecuteTool,
             rpb.ExecuteToolRequest(name=name, input_json=convert.dumps(dict(inputs)), context=ctx),
@@ -181,12 +185,22 @@ class GrpcToolCaller:
             peer_service="registry",
             tracing=self._tracing,
         )
-        return convert.tool_result_from_pb(response.result)
+        result = convert.tool_result_from_pb(response.result)
+        # The nested call logged its own leaves; its total rolls up into this call's.
+        context.cost.charge_nested(result.cost, f"{name} called by {context.tool_name}")
+        return result
 
 
 class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
-    def __init__(self, core: Registry, *, max_input_bytes: int) -> None:
+    def __init__(
+        self,
+        core: Registry,
+        *,
+        max_input_bytes: int,
+        sessions: sessionmaker[Session] | None = None,
+    ) -> None:
         self._core = core
+        self._sessions = sessions
         self._max_input_bytes = max_input_bytes
         self._instance = f"{socket.gethostname()}/{os.getpid()}"
 
@@ -210,6 +224,61 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             tool_type=convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0),
             execution_ms=execution.execution_ms,
         )
+
+    async def ExecuteToolStream(
+        self, request: rpb.ExecuteToolStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpb.ExecuteToolStreamResponse]:
+        """ExecuteTool relaying the handler's progress reports as they happen, then the
+        result. When the caller goes away the generator is closed and the handler cancelled."""
+        if not request.name:
+            raise InvalidArgument("name is required", field_violations=[("name", "empty")])
+        if len(request.input_json) > self._max_input_bytes:
+            raise InvalidArgument(
+                f"input_json is {len(request.input_json)} bytes, over the "
+                f"{self._max_input_bytes}-byte limit",
+                reason="INPUT_TOO_LARGE",
+                field_violations=[("input_json", "too large")],
+            )
+        inputs = convert.parse_json_object(request.input_json, "input_json")
+        ctx = context_from_pb(request.context, request.name)
+        loop = asyncio.get_running_loop()
+        reports: asyncio.Queue[rpb.ExecuteToolStreamResponse] = asyncio.Queue()
+
+        def sink(report: Mapping[str, Any]) -> None:
+            message = rpb.ToolProgress(message=str(report.get("message", "")))
+            if "fraction" in report:
+                message.fraction = float(report["fraction"])
+            if report.get("data"):
+                message.data_json = convert.dumps(report["data"])
+            loop.call_soon_threadsafe(
+                reports.put_nowait, rpb.ExecuteToolStreamResponse(progress=message)
+            )
+
+        ctx.progress_sink = sink
+        task = asyncio.create_task(self._core.execute(request.name, inputs, ctx))
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(reports.get())
+                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            await asyncio.sleep(0)  # reports a worker thread posted just before returning
+            while not reports.empty():
+                yield reports.get_nowait()
+            execution = task.result()
+            yield rpb.ExecuteToolStreamResponse(
+                result=rpb.ExecuteToolResponse(
+                    result=convert.tool_result_to_pb(execution.result),
+                    tool_type=convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0),
+                    execution_ms=execution.execution_ms,
+                )
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
 
     async def GetToolsForLLM(
         self, request: rpb.GetToolsForLLMRequest, context: grpc.aio.ServicerContext
@@ -322,4 +391,24 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             stats=[contract_stats_to_pb(s) for s in stats],
             counting_since=convert.to_timestamp(counters.since),
             instance=self._instance,
+        )
+
+    async def GetUsageStats(
+        self, request: rpb.GetUsageStatsRequest, context: grpc.aio.ServicerContext
+    ) -> rpb.GetUsageStatsResponse:
+        if self._sessions is None:
+            raise FailedPrecondition("this registry has no database for usage statistics")
+        since = request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None
+        stats, used_since = await asyncio.to_thread(
+            usage_stats,
+            self._sessions,
+            group_by=request.group_by or "tool",
+            since=since,
+            tool_name=request.tool_name,
+            tenant_id=request.tenant_id,
+        )
+        return rpb.GetUsageStatsResponse(
+            stats=[rpb.UsageStats(**s.__dict__) for s in stats],
+            since=convert.to_timestamp(used_since),
+            total_cost_usd=sum(s.cost_usd for s in stats),
         )

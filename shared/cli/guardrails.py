@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from shared.clients import cli_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -40,7 +41,7 @@ PARAMS_HELP = (
 
 def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any) -> Any:
     """Call one dispatcher RPC on a channel closed afterwards; grpc.RpcError propagates."""
-    with grpc.insecure_channel(_address(args, settings)) as channel:
+    with cli_channel(_address(args, settings)) as channel:
         stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
         return getattr(stub, method)(request, timeout=30)
 

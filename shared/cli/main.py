@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -10,8 +11,12 @@ from collections.abc import Sequence
 
 import grpc
 
-from shared.cli import guardrails, stats
+from shared.cli import export as export_cli
+from shared.cli import guardrails, mcp, stats
+from shared.cli import sandbox as sandbox_cli
+from shared.cli import surface as surface_cli
 from shared.cli.render import print_log, print_tools, print_trace
+from shared.clients import cli_channel
 from shared.config import DEFAULT_COLLECTOR_PORT, Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -27,7 +32,7 @@ EXIT_RPC_ERROR = 2
 
 def _channel(settings: Settings, service: str, override: str | None) -> grpc.Channel:
     address = override or settings.address(service)
-    return grpc.insecure_channel(address)
+    return cli_channel(address)
 
 
 def _rpc_failure(exc: grpc.RpcError, service: str, address: str) -> int:
@@ -189,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--registry", help="registry address (default: from config)")
     p.set_defaults(func=cmd_tools)
+    sandbox_cli.add_tools_subcommands(p, cmd_tools)
 
     p = sub.add_parser("log", help="show the tool execution log, newest first")
     p.add_argument("--tool", help="only this tool")
@@ -208,13 +214,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_db)
 
     stats.add_subcommands(sub)
+    export_cli.add_subcommands(sub)
     guardrails.add_subcommands(sub)
+    mcp.add_subcommands(sub)
+    sandbox_cli.add_subcommands(sub)
+    surface_cli.add_subcommands(sub)
 
     p = sub.add_parser("trace", help="print a call's span tree from the local span store")
     p.add_argument("trace_id", nargs="?", help="32-hex trace id (see `toolmesh log --json`)")
     p.add_argument("--last", action="store_true", help="the most recent trace")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("keys", help="API keys of an authenticating dispatcher")
+    keys_sub = p.add_subparsers(dest="keys_command", required=True)
+    k = keys_sub.add_parser("hash", help="print the SHA-256 digest of a key for the keys file")
+    k.add_argument("key", help="the API key (use a long random string)")
+    k.set_defaults(func=cmd_keys_hash)
     return parser
+
+
+def cmd_keys_hash(args: argparse.Namespace, settings: Settings) -> int:
+    print(hashlib.sha256(args.key.encode("utf-8")).hexdigest())
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:

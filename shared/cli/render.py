@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared.config import Settings
+from shared.telemetry import semconv
 
 
 def _width() -> int:
@@ -71,18 +72,30 @@ def print_trace(settings: Settings, trace_id: str | None, *, last: bool) -> int:
     for s in sorted(chosen, key=lambda s: s.start_ns):
         parent = s.parent_span_id if s.parent_span_id in ids else ""
         by_parent.setdefault(parent, []).append(s)
-    print(f"trace {trace_id}")
+    leaves = [s.attributes.get(semconv.GEN_AI_USAGE_COST_AMOUNT) for s in chosen]
+    total = sum(c for c in leaves if isinstance(c, int | float))
+    start = min(s.start_ns for s in chosen)
+    end = max(s.end_ns for s in chosen)
+    print(f"trace {trace_id}  {(end - start) / 1e6:.2f} ms  cost ${total:.6f}")
 
     def walk(parent: str, depth: int) -> None:
         for s in by_parent.get(parent, []):
             ms = (s.end_ns - s.start_ns) / 1e6
             status = "" if s.status_code != "ERROR" else f"  ERROR {s.status_message}"
-            cost = s.attributes.get("toolmesh.cost.rollup_usd") or s.attributes.get(
-                "gen_ai.usage.cost.amount"
-            )
-            cost_text = f"  ${cost:.6f}" if isinstance(cost, int | float) and cost else ""
+            # A leaf's own cost (LLM call, paid tool), and a tool call's rollup of its leaves.
+            leaf = s.attributes.get(semconv.GEN_AI_USAGE_COST_AMOUNT)
+            rollup = s.attributes.get(semconv.TOOLMESH_COST_ROLLUP_AMOUNT)
+            cost_text = f"  ${leaf:.6f}" if isinstance(leaf, int | float) and leaf else ""
+            if isinstance(rollup, int | float) and rollup and rollup != leaf:
+                cost_text += f"  (call total ${rollup:.6f})"
+            tokens = s.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)
+            if tokens is not None:
+                out = s.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, 0)
+                cost_text += f"  {tokens}+{out} tokens"
+            tenant = s.attributes.get(semconv.TOOLMESH_TENANT_ID)
+            who = f"  tenant={tenant}" if tenant and s.kind == "SERVER" else ""
             where = f"[{s.service_name}, {s.kind.lower()}]"
-            print(f"{'  ' * depth}{s.name}  {where}  {ms:.2f} ms{cost_text}{status}")
+            print(f"{'  ' * depth}{s.name}  {where}  {ms:.2f} ms{cost_text}{who}{status}")
             walk(s.span_id, depth + 1)
 
     walk("", 1)

@@ -134,7 +134,12 @@ def exception_to_envelope(exc: BaseException) -> Envelope:
     after the exception class."""
     if isinstance(exc, HintException):
         return exc.to_hint()
-    return Err(message=str(exc) or type(exc).__name__, err_kind=type(exc).__name__)
+    # An exception may name its own err_kind (e.g. BudgetExceeded -> "budget_exceeded").
+    kind = getattr(exc, "err_kind", None)
+    return Err(
+        message=str(exc) or type(exc).__name__,
+        err_kind=kind if isinstance(kind, str) and kind else type(exc).__name__,
+    )
 
 
 # --- checks of what a handler returned ----------------------------------------------------------

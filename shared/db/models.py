@@ -304,3 +304,174 @@ class RateLimitCounterRow(Base):
         ),
         Index("ix_rate_limit_counters_window", "window_start"),
     )
+
+
+# --- LLM model configs and usage (issue 7) -------------------------------------------------
+
+
+class ModelConfigRow(Base):
+    """model_configs: one row per model the platform may call — provider, native capabilities,
+    output-token ceiling, the roles it serves and its prices (USD per million tokens)."""
+
+    __tablename__ = "model_configs"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(32), nullable=False)
+    capabilities: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
+    max_output_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    roles: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
+    input_price_per_mtok: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    output_price_per_mtok: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    cache_read_price_per_mtok: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    cache_write_price_per_mtok: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+class UsageLogRow(Base):
+    """usage_log: one row per cost-bearing leaf (an LLM call, a paid tool) with who it was for,
+    so cost is answerable per tenant / user / conversation / tool from the database alone."""
+
+    __tablename__ = "usage_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    user_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    tool_use_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    trace_id: Mapped[str] = mapped_column(String(32), nullable=False, default="")
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # "llm" | "tool"
+    provider: Mapped[str] = mapped_column(String(32), nullable=False, default="")
+    model: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    input_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cache_read_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cache_write_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
+
+    __table_args__ = (
+        Index("ix_usage_log_tenant_created", "tenant_id", "created_at"),
+        Index("ix_usage_log_conversation", "tenant_id", "conversation_id"),
+    )
+
+
+# --- sandbox (issue 4) ---------------------------------------------------------------------
+
+
+# --- mcp_bridge (issue 5) ------------------------------------------------------------------
+
+
+class McpConnectionRow(Base):
+    """mcp_connections: MCP server connections the bridge re-establishes when it restarts. A
+    disconnected connection's row is deleted; a bridge shutting down keeps its rows."""
+
+    __tablename__ = "mcp_connections"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    transport: Mapped[str] = mapped_column(String(32), nullable=False)
+    # command, args, env, url, headers (secrets included: the table is the bridge's own state).
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False, default="*")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+# --- surface (issue 6) ---------------------------------------------------------------------
+
+
+class WorkingSetEntryRow(Base):
+    """working_set_entries: tools search_tools paged into a conversation namespace; sticky for
+    the rest of the conversation, read by every surface replica."""
+
+    __tablename__ = "working_set_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    namespace_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint(
+            "conversation_id", "namespace_id", "tool_name", name="uq_working_set_entries_key"
+        ),
+    )
+
+
+class SurfaceMissRow(Base):
+    """surface_misses: per tool and UTC day, how often search_tools paged the tool in while it
+    was outside the resident floor (a signal for the Tier-0 derivation)."""
+
+    __tablename__ = "surface_misses"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
+    day: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+
+    __table_args__ = (UniqueConstraint("tool_name", "day", name="uq_surface_misses_key"),)
+
+
+class SeedLogRow(Base):
+    """seed_log: pinned configuration rows written by derivations (e.g. the Tier-0 floor under
+    `tool_surface_tier0_v1`), as JSON text."""
+
+    __tablename__ = "seed_log"
+
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, nullable=False)
+    pinned: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )
+
+
+# --- effects (issue 3) ---------------------------------------------------------------------
+
+
+class GeneratedFileRow(Base):
+    """generated_files: every file a tool produced for download, kept under the data dir
+    (`path` is relative to it). Immutable; a later export of the same filename is a new row."""
+
+    __tablename__ = "generated_files"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    file_id: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    user_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    tool_use_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    path: Mapped[str] = mapped_column(Text, nullable=False)
+    mime_type: Mapped[str] = mapped_column(String(255), nullable=False, default="")
+    size_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    source_tool: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    original_filename: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_generated_files_conv", "tenant_id", "conversation_id", "id"),)
+
+
+class ExportCatalogRow(Base):
+    """export_catalog: the conversation's catalog of exports by filename, so later calls and
+    the frontend find an export by name; the newest entry of a filename is the current one."""
+
+    __tablename__ = "export_catalog"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    conversation_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    namespace_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    file_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False, default="export")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (
+        Index("ix_export_catalog_name", "tenant_id", "conversation_id", "namespace_id", "name"),
+    )

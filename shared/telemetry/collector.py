@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -120,6 +124,59 @@ def spans_from_request(request: Any) -> list[ReceivedSpan]:
     return received
 
 
+@dataclass(frozen=True)
+class ReceivedPoint:
+    """One metric data point as received over OTLP: a sum's value, or a histogram's count and
+    sum (gauges as value)."""
+
+    name: str
+    service_name: str
+    kind: str  # "sum", "gauge" or "histogram"
+    attributes: dict[str, Any] = field(default_factory=dict, hash=False)
+    value: float = 0.0
+    count: int = 0
+    sum: float = 0.0
+    unit: str = ""
+
+
+def points_from_request(request: Any) -> list[ReceivedPoint]:
+    """Every data point of an ExportMetricsServiceRequest, flattened."""
+    received: list[ReceivedPoint] = []
+    for resource_metrics in request.resource_metrics:
+        resource_attrs = decode_attributes(resource_metrics.resource.attributes)
+        service_name = str(resource_attrs.get("service.name", ""))
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                which = metric.WhichOneof("data")
+                if which in ("sum", "gauge"):
+                    for dp in getattr(metric, which).data_points:
+                        value = dp.as_double if dp.WhichOneof("value") == "as_double" else dp.as_int
+                        received.append(
+                            ReceivedPoint(
+                                name=metric.name,
+                                service_name=service_name,
+                                kind=which,
+                                attributes=decode_attributes(dp.attributes),
+                                value=float(value),
+                                unit=metric.unit,
+                            )
+                        )
+                elif which == "histogram":
+                    for hp in metric.histogram.data_points:
+                        received.append(
+                            ReceivedPoint(
+                                name=metric.name,
+                                service_name=service_name,
+                                kind="histogram",
+                                attributes=decode_attributes(hp.attributes),
+                                count=int(hp.count),
+                                sum=float(hp.sum),
+                                unit=metric.unit,
+                            )
+                        )
+    return received
+
+
 # --- sinks ------------------------------------------------------------------------------------
 
 
@@ -142,10 +199,22 @@ class MemorySpanSink:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
+        self._points: list[ReceivedPoint] = []
 
     def add(self, spans: Sequence[ReceivedSpan]) -> None:
         with self._lock:
             self._spans.extend(spans)
+
+    def add_points(self, points: Sequence[ReceivedPoint]) -> None:
+        with self._lock:
+            self._points.extend(points)
+
+    def points(self, name: str | None = None) -> list[ReceivedPoint]:
+        """Metric data points received so far (cumulative exports: later points of a series
+        carry the running totals)."""
+        with self._lock:
+            snapshot = list(self._points)
+        return [p for p in snapshot if name is None or p.name == name]
 
     def spans(self, trace_id: str | None = None) -> list[ReceivedSpan]:
         with self._lock:
@@ -260,6 +329,19 @@ class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
+class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """The OTLP MetricsService: data points go to the sink when it keeps them (the in-memory
+    sink of tests); otherwise they are accepted and dropped, so exporters don't log errors."""
+
+    def __init__(self, sink: SpanSink) -> None:
+        self._add = getattr(sink, "add_points", None)
+
+    async def Export(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if self._add is not None:
+            self._add(points_from_request(request))
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
 def _bind_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
@@ -278,6 +360,7 @@ async def start_collector(host: str, port: int, sink: SpanSink) -> tuple[grpc.ai
         ]
     )
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceReceiver(sink), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsReceiver(sink), server)
     address = _bind_address(host, port)
     try:
         bound: int = server.add_insecure_port(address)

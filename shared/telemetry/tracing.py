@@ -8,13 +8,16 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.processor.baggage import BaggageSpanProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.config import Settings
+from shared.telemetry import semconv
 
 TRACER_NAME = "toolmesh"
 _provider: TracerProvider | None = None
@@ -32,20 +35,37 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
             {"service.name": f"toolmesh-{service}", "service.namespace": "toolmesh"}
         )
     )
+    # Tenant and conversation travel as W3C baggage; only the allowlisted keys become span
+    # attributes (on every span, in every service).
+    provider.add_span_processor(BaggageSpanProcessor(semconv.BAGGAGE_ALLOWLIST.__contains__))
     if settings.otlp_endpoint:
-        # Imported lazily: the exporter pulls in its own grpc channel machinery.
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
         # Batching is tuned by the standard OTEL_BSP_* variables (schedule delay, batch size).
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True))
-        )
+        provider.add_span_processor(BatchSpanProcessor(_span_exporter(settings)))
     trace.set_tracer_provider(provider)
     _provider = provider
     global _tracer
     _tracer = None  # re-resolve against the new provider
     return provider
+
+
+def _span_exporter(settings: Settings) -> SpanExporter:
+    """OTLP over gRPC (default) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_PROTOCOL (or its
+    traces-specific variant) says; the endpoint is OTEL_EXPORTER_OTLP_ENDPOINT. Imported lazily:
+    each exporter pulls in its own transport machinery."""
+    protocol = settings.otlp_protocol
+    if protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpSpanExporter,
+        )
+
+        base = settings.otlp_endpoint.rstrip("/")
+        if not base.startswith(("http://", "https://")):
+            base = f"http://{base}"
+        return HttpSpanExporter(endpoint=f"{base}/v1/traces")
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
+    return OTLPSpanExporter(endpoint=endpoint, insecure=True)
 
 
 def shutdown_tracing() -> None:
@@ -74,8 +94,26 @@ def current_trace_id() -> str:
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
-def extract_context(metadata: Mapping[str, str] | None) -> Context:
-    return propagate.extract(carrier=dict(metadata or {}))
+_TRACE_CONTEXT_ONLY = TraceContextTextMapPropagator()
+
+
+def extract_context(metadata: Mapping[str, str] | None, *, trust_baggage: bool = True) -> Context:
+    """The caller's trace context; its baggage too unless the caller is outside the mesh (the
+    dispatcher, the mesh's edge, never trusts incoming baggage)."""
+    carrier = dict(metadata or {})
+    if trust_baggage:
+        return propagate.extract(carrier=carrier)
+    return _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
+
+
+def with_call_baggage(tenant_id: str, conversation_id: str) -> Context:
+    """The current context with the mesh's baggage set from a call the dispatcher serves."""
+    ctx = baggage.set_baggage(semconv.BAGGAGE_TENANT_ID, tenant_id)
+    if conversation_id:
+        ctx = baggage.set_baggage(semconv.BAGGAGE_CONVERSATION_ID, conversation_id, context=ctx)
+    else:
+        ctx = baggage.remove_baggage(semconv.BAGGAGE_CONVERSATION_ID, context=ctx)
+    return ctx
 
 
 def inject_metadata(carrier: MutableMapping[str, str]) -> MutableMapping[str, str]:

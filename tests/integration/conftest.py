@@ -84,7 +84,12 @@ class Mesh:
 
 
 def start_mesh(
-    backend: str, database_url: str, tmp: Path, spans: MemorySpanSink, collector_port: int
+    backend: str,
+    database_url: str,
+    tmp: Path,
+    spans: MemorySpanSink,
+    collector_port: int,
+    extra_env: dict[str, str] | None = None,
 ) -> Mesh:
     data_dir = tmp / "data"
     files = data_dir / "files"
@@ -102,6 +107,12 @@ def start_mesh(
         TOOLMESH_SHUTDOWN_GRACE_S="2",
         OTEL_BSP_SCHEDULE_DELAY="200",
     )
+    env.update(extra_env or {})
+    # Custom / MCP tools answer SERVICE_NOT_CONFIGURED unless a fixture starts their service
+    # (never the default ports, where a developer's own mesh may be running).
+    env.setdefault("TOOLMESH_SANDBOX_ADDR", "")
+    env.setdefault("TOOLMESH_MCP_BRIDGE_ADDR", "")
+    env.setdefault("TOOLMESH_SURFACE_ADDR", "")
     for key in ("TOOLMESH_REGISTRY_ADDR", "TOOLMESH_DISPATCHER_ADDR"):
         env.pop(key, None)
     mesh = Mesh(backend, database_url, data_dir, files, env, spans)

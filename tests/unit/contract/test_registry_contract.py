@@ -150,7 +150,9 @@ async def test_get_contract_stats_serves_the_counters_and_toolmesh_stats_prints_
             everything = await stub.GetContractStats(rpb.GetContractStatsRequest())
             only_ping = await stub.GetContractStats(rpb.GetContractStatsRequest(tool_name="ping"))
             unknown = await stub.GetContractStats(rpb.GetContractStatsRequest(tool_name="nope"))
-        args = argparse.Namespace(tool="ping", json=False, registry=f"127.0.0.1:{port}", timeout=10)
+        args = argparse.Namespace(
+            tool="ping", json=False, registry=f"127.0.0.1:{port}", timeout=10, contract=True
+        )
         code = await asyncio.to_thread(stats_cli.cmd_stats, args, Settings.from_env({}))
     finally:
         await server.stop(None)
@@ -172,7 +174,9 @@ async def test_get_contract_stats_serves_the_counters_and_toolmesh_stats_prints_
 
 
 def test_toolmesh_stats_reports_an_unreachable_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(tool=None, json=False, registry="127.0.0.1:1", timeout=2)
+    args = argparse.Namespace(
+        tool=None, json=False, registry="127.0.0.1:1", timeout=2, contract=True
+    )
 
     assert stats_cli.cmd_stats(args, Settings.from_env({})) == stats_cli.EXIT_RPC_ERROR
     assert "UNAVAILABLE" in capsys.readouterr().err
@@ -185,3 +189,6 @@ def test_toolmesh_stats_registers_its_subcommand() -> None:
     args = parser.parse_args(["stats", "--tool", "query", "--json"])
 
     assert args.func is stats_cli.cmd_stats and args.tool == "query" and args.json
+    assert not args.contract and args.by == "tool" and args.since == "24h"
+    args = parser.parse_args(["stats", "--contract", "--by", "tenant", "--since", "7d"])
+    assert args.contract and args.by == "tenant" and args.since == "7d"

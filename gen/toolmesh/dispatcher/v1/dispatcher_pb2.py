@@ -22,59 +22,80 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/dispatcher/v1/dispatcher.proto\x12\x16toolmesh.dispatcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"v\n\x17\x44ispatchToolCallRequest\x12+\n\x08tool_use\x18\x01 \x01(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x97\x01\n\x18\x44ispatchToolCallResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x11\n\targs_hash\x18\x04 \x01(\t\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"x\n\x18\x44ispatchToolCallsRequest\x12,\n\ttool_uses\x18\x01 \x03(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"^\n\x19\x44ispatchToolCallsResponse\x12\x41\n\x07results\x18\x01 \x03(\x0b\x32\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\";\n\rCancelRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"\x8c\x01\n\x0e\x43\x61ncelResponse\x12\x17\n\x0f\x63\x61ncelled_calls\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1e\n\x16\x63\x61ncelled_tool_use_ids\x18\x03 \x03(\t\x12\x1a\n\x12known_conversation\x18\x04 \x01(\x08\x12\x14\n\x0c\x63\x61ncel_epoch\x18\x05 \x01(\x03\"g\n\x17ListExecutionLogRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xbb\x02\n\x11\x45xecutionLogEntry\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x05 \x01(\t\x12\x0f\n\x07success\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x14\n\x0c\x65xecution_ms\x18\x08 \x01(\x01\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63onversation_id\x18\n \x01(\t\x12\x0f\n\x07user_id\x18\x0b \x01(\t\x12\x13\n\x0btool_use_id\x18\x0c \x01(\t\x12\x11\n\targs_hash\x18\r \x01(\t\x12\x10\n\x08trace_id\x18\x0e \x01(\t\"V\n\x18ListExecutionLogResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ExecutionLogEntry\"n\n\x1dListConversationEventsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x8b\x01\n\x11\x43onversationEvent\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"[\n\x1eListConversationEventsResponse\x12\x39\n\x06\x65vents\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ConversationEvent\"\xaf\x02\n\nPolicyRule\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x34\n\x04kind\x18\x04 \x01(\x0e\x32&.toolmesh.dispatcher.v1.PolicyRuleKind\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12\x30\n\x04mode\x18\x06 \x01(\x0e\x32\".toolmesh.dispatcher.v1.PolicyMode\x12\x13\n\x0bparams_json\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x0f\n\x07\x65nabled\x18\t \x01(\x08\x12\x12\n\ncreated_by\x18\n \x01(\t\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"H\n\x14\x41\x64\x64PolicyRuleRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"I\n\x15\x41\x64\x64PolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"E\n\x16ListPolicyRulesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x18\n\x10include_disabled\x18\x02 \x01(\x08\"L\n\x17ListPolicyRulesResponse\x12\x31\n\x05rules\x18\x01 \x03(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"&\n\x18\x44isablePolicyRuleRequest\x12\n\n\x02id\x18\x01 \x01(\x03\"M\n\x19\x44isablePolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule*\xc1\x01\n\x0ePolicyRuleKind\x12 \n\x1cPOLICY_RULE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPOLICY_RULE_KIND_DENY_TOOL\x10\x01\x12\'\n#POLICY_RULE_KIND_REQUIRE_PRIOR_TOOL\x10\x02\x12#\n\x1fPOLICY_RULE_KIND_ARG_CONSTRAINT\x10\x03\x12\x1f\n\x1bPOLICY_RULE_KIND_RATE_LIMIT\x10\x04*]\n\nPolicyMode\x12\x1b\n\x17POLICY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14POLICY_MODE_BLOCKING\x10\x01\x12\x18\n\x14POLICY_MODE_ADVISORY\x10\x02\x32\xba\x07\n\x11\x44ispatcherService\x12u\n\x10\x44ispatchToolCall\x12/.toolmesh.dispatcher.v1.DispatchToolCallRequest\x1a\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\x12x\n\x11\x44ispatchToolCalls\x12\x30.toolmesh.dispatcher.v1.DispatchToolCallsRequest\x1a\x31.toolmesh.dispatcher.v1.DispatchToolCallsResponse\x12W\n\x06\x43\x61ncel\x12%.toolmesh.dispatcher.v1.CancelRequest\x1a&.toolmesh.dispatcher.v1.CancelResponse\x12u\n\x10ListExecutionLog\x12/.toolmesh.dispatcher.v1.ListExecutionLogRequest\x1a\x30.toolmesh.dispatcher.v1.ListExecutionLogResponse\x12\x87\x01\n\x16ListConversationEvents\x12\x35.toolmesh.dispatcher.v1.ListConversationEventsRequest\x1a\x36.toolmesh.dispatcher.v1.ListConversationEventsResponse\x12l\n\rAddPolicyRule\x12,.toolmesh.dispatcher.v1.AddPolicyRuleRequest\x1a-.toolmesh.dispatcher.v1.AddPolicyRuleResponse\x12r\n\x0fListPolicyRules\x12..toolmesh.dispatcher.v1.ListPolicyRulesRequest\x1a/.toolmesh.dispatcher.v1.ListPolicyRulesResponse\x12x\n\x11\x44isablePolicyRule\x12\x30.toolmesh.dispatcher.v1.DisablePolicyRuleRequest\x1a\x31.toolmesh.dispatcher.v1.DisablePolicyRuleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/dispatcher/v1/dispatcher.proto\x12\x16toolmesh.dispatcher.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"v\n\x17\x44ispatchToolCallRequest\x12+\n\x08tool_use\x18\x01 \x01(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"\x97\x01\n\x18\x44ispatchToolCallResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12\x11\n\targs_hash\x18\x04 \x01(\t\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"x\n\x18\x44ispatchToolCallsRequest\x12,\n\ttool_uses\x18\x01 \x03(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"^\n\x19\x44ispatchToolCallsResponse\x12\x41\n\x07results\x18\x01 \x03(\x0b\x32\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\"|\n\x1d\x44ispatchToolCallStreamRequest\x12+\n\x08tool_use\x18\x01 \x01(\x0b\x32\x19.toolmesh.type.v1.ToolUse\x12.\n\x07\x63ontext\x18\x02 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"m\n\x0eProgressUpdate\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\x08\x66raction\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\tdata_json\x18\x04 \x01(\tB\x0b\n\t_fraction\".\n\tTextDelta\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"W\n\x0b\x45xportReady\x12\x0f\n\x07\x66ile_id\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x03\x12\x11\n\tmime_type\x18\x04 \x01(\t\"\xc8\x02\n\x1e\x44ispatchToolCallStreamResponse\x12:\n\x08progress\x18\x01 \x01(\x0b\x32&.toolmesh.dispatcher.v1.ProgressUpdateH\x00\x12\'\n\x04\x63\x61rd\x18\x02 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x37\n\ntext_delta\x18\x03 \x01(\x0b\x32!.toolmesh.dispatcher.v1.TextDeltaH\x00\x12;\n\x0c\x65xport_ready\x18\x04 \x01(\x0b\x32#.toolmesh.dispatcher.v1.ExportReadyH\x00\x12\x42\n\x06result\x18\x05 \x01(\x0b\x32\x30.toolmesh.dispatcher.v1.DispatchToolCallResponseH\x00\x42\x07\n\x05\x65vent\"\x85\x02\n\nExportFile\x12\x0f\n\x07\x66ile_id\x18\x01 \x01(\t\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x11\n\tmime_type\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\x12\x13\n\x0bsource_tool\x18\x06 \x01(\t\x12\x19\n\x11original_filename\x18\x07 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x08 \x01(\t\x12\x13\n\x0btool_use_id\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\ttenant_id\x18\x0b \x01(\t\"O\n\x12ListExportsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05limit\x18\x03 \x01(\x05\"J\n\x13ListExportsResponse\x12\x33\n\x07\x65xports\x18\x01 \x03(\x0b\x32\".toolmesh.dispatcher.v1.ExportFile\"6\n\x10GetExportRequest\x12\x0f\n\x07\x66ile_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"`\n\x11GetExportResponse\x12\x32\n\x04info\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.ExportFileH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\";\n\rCancelRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"\x8c\x01\n\x0e\x43\x61ncelResponse\x12\x17\n\x0f\x63\x61ncelled_calls\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1e\n\x16\x63\x61ncelled_tool_use_ids\x18\x03 \x03(\t\x12\x1a\n\x12known_conversation\x18\x04 \x01(\x08\x12\x14\n\x0c\x63\x61ncel_epoch\x18\x05 \x01(\x03\"g\n\x17ListExecutionLogRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xbb\x02\n\x11\x45xecutionLogEntry\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x12\n\ninput_json\x18\x04 \x01(\t\x12\x16\n\x0eoutput_summary\x18\x05 \x01(\t\x12\x0f\n\x07success\x18\x06 \x01(\x08\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x14\n\x0c\x65xecution_ms\x18\x08 \x01(\x01\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63onversation_id\x18\n \x01(\t\x12\x0f\n\x07user_id\x18\x0b \x01(\t\x12\x13\n\x0btool_use_id\x18\x0c \x01(\t\x12\x11\n\targs_hash\x18\r \x01(\t\x12\x10\n\x08trace_id\x18\x0e \x01(\t\"V\n\x18ListExecutionLogResponse\x12:\n\x07\x65ntries\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ExecutionLogEntry\"n\n\x1dListConversationEventsRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x8b\x01\n\x11\x43onversationEvent\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x12\n\nevent_type\x18\x02 \x01(\t\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btool_use_id\x18\x05 \x01(\t\"[\n\x1eListConversationEventsResponse\x12\x39\n\x06\x65vents\x18\x01 \x03(\x0b\x32).toolmesh.dispatcher.v1.ConversationEvent\"\xaf\x02\n\nPolicyRule\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x34\n\x04kind\x18\x04 \x01(\x0e\x32&.toolmesh.dispatcher.v1.PolicyRuleKind\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12\x30\n\x04mode\x18\x06 \x01(\x0e\x32\".toolmesh.dispatcher.v1.PolicyMode\x12\x13\n\x0bparams_json\x18\x07 \x01(\t\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x0f\n\x07\x65nabled\x18\t \x01(\x08\x12\x12\n\ncreated_by\x18\n \x01(\t\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"H\n\x14\x41\x64\x64PolicyRuleRequest\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"I\n\x15\x41\x64\x64PolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"E\n\x16ListPolicyRulesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x18\n\x10include_disabled\x18\x02 \x01(\x08\"L\n\x17ListPolicyRulesResponse\x12\x31\n\x05rules\x18\x01 \x03(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule\"&\n\x18\x44isablePolicyRuleRequest\x12\n\n\x02id\x18\x01 \x01(\x03\"M\n\x19\x44isablePolicyRuleResponse\x12\x30\n\x04rule\x18\x01 \x01(\x0b\x32\".toolmesh.dispatcher.v1.PolicyRule*\xc1\x01\n\x0ePolicyRuleKind\x12 \n\x1cPOLICY_RULE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPOLICY_RULE_KIND_DENY_TOOL\x10\x01\x12\'\n#POLICY_RULE_KIND_REQUIRE_PRIOR_TOOL\x10\x02\x12#\n\x1fPOLICY_RULE_KIND_ARG_CONSTRAINT\x10\x03\x12\x1f\n\x1bPOLICY_RULE_KIND_RATE_LIMIT\x10\x04*]\n\nPolicyMode\x12\x1b\n\x17POLICY_MODE_UNSPECIFIED\x10\x00\x12\x18\n\x14POLICY_MODE_BLOCKING\x10\x01\x12\x18\n\x14POLICY_MODE_ADVISORY\x10\x02\x32\x92\n\n\x11\x44ispatcherService\x12u\n\x10\x44ispatchToolCall\x12/.toolmesh.dispatcher.v1.DispatchToolCallRequest\x1a\x30.toolmesh.dispatcher.v1.DispatchToolCallResponse\x12x\n\x11\x44ispatchToolCalls\x12\x30.toolmesh.dispatcher.v1.DispatchToolCallsRequest\x1a\x31.toolmesh.dispatcher.v1.DispatchToolCallsResponse\x12\x89\x01\n\x16\x44ispatchToolCallStream\x12\x35.toolmesh.dispatcher.v1.DispatchToolCallStreamRequest\x1a\x36.toolmesh.dispatcher.v1.DispatchToolCallStreamResponse0\x01\x12\x66\n\x0bListExports\x12*.toolmesh.dispatcher.v1.ListExportsRequest\x1a+.toolmesh.dispatcher.v1.ListExportsResponse\x12\x62\n\tGetExport\x12(.toolmesh.dispatcher.v1.GetExportRequest\x1a).toolmesh.dispatcher.v1.GetExportResponse0\x01\x12W\n\x06\x43\x61ncel\x12%.toolmesh.dispatcher.v1.CancelRequest\x1a&.toolmesh.dispatcher.v1.CancelResponse\x12u\n\x10ListExecutionLog\x12/.toolmesh.dispatcher.v1.ListExecutionLogRequest\x1a\x30.toolmesh.dispatcher.v1.ListExecutionLogResponse\x12\x87\x01\n\x16ListConversationEvents\x12\x35.toolmesh.dispatcher.v1.ListConversationEventsRequest\x1a\x36.toolmesh.dispatcher.v1.ListConversationEventsResponse\x12l\n\rAddPolicyRule\x12,.toolmesh.dispatcher.v1.AddPolicyRuleRequest\x1a-.toolmesh.dispatcher.v1.AddPolicyRuleResponse\x12r\n\x0fListPolicyRules\x12..toolmesh.dispatcher.v1.ListPolicyRulesRequest\x1a/.toolmesh.dispatcher.v1.ListPolicyRulesResponse\x12x\n\x11\x44isablePolicyRule\x12\x30.toolmesh.dispatcher.v1.DisablePolicyRuleRequest\x1a\x31.toolmesh.dispatcher.v1.DisablePolicyRuleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.dispatcher.v1.dispatcher_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_POLICYRULEKIND']._serialized_start=2408
-  _globals['_POLICYRULEKIND']._serialized_end=2601
-  _globals['_POLICYMODE']._serialized_start=2603
-  _globals['_POLICYMODE']._serialized_end=2696
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=130
-  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=248
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=251
-  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=402
-  _globals['_DISPATCHTOOLCALLSREQUEST']._serialized_start=404
-  _globals['_DISPATCHTOOLCALLSREQUEST']._serialized_end=524
-  _globals['_DISPATCHTOOLCALLSRESPONSE']._serialized_start=526
-  _globals['_DISPATCHTOOLCALLSRESPONSE']._serialized_end=620
-  _globals['_CANCELREQUEST']._serialized_start=622
-  _globals['_CANCELREQUEST']._serialized_end=681
-  _globals['_CANCELRESPONSE']._serialized_start=684
-  _globals['_CANCELRESPONSE']._serialized_end=824
-  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_start=826
-  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_end=929
-  _globals['_EXECUTIONLOGENTRY']._serialized_start=932
-  _globals['_EXECUTIONLOGENTRY']._serialized_end=1247
-  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_start=1249
-  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_end=1335
-  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_start=1337
-  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_end=1447
-  _globals['_CONVERSATIONEVENT']._serialized_start=1450
-  _globals['_CONVERSATIONEVENT']._serialized_end=1589
-  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_start=1591
-  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_end=1682
-  _globals['_POLICYRULE']._serialized_start=1685
-  _globals['_POLICYRULE']._serialized_end=1988
-  _globals['_ADDPOLICYRULEREQUEST']._serialized_start=1990
-  _globals['_ADDPOLICYRULEREQUEST']._serialized_end=2062
-  _globals['_ADDPOLICYRULERESPONSE']._serialized_start=2064
-  _globals['_ADDPOLICYRULERESPONSE']._serialized_end=2137
-  _globals['_LISTPOLICYRULESREQUEST']._serialized_start=2139
-  _globals['_LISTPOLICYRULESREQUEST']._serialized_end=2208
-  _globals['_LISTPOLICYRULESRESPONSE']._serialized_start=2210
-  _globals['_LISTPOLICYRULESRESPONSE']._serialized_end=2286
-  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_start=2288
-  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_end=2326
-  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_start=2328
-  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_end=2405
-  _globals['_DISPATCHERSERVICE']._serialized_start=2699
-  _globals['_DISPATCHERSERVICE']._serialized_end=3653
+  _globals['_POLICYRULEKIND']._serialized_start=3718
+  _globals['_POLICYRULEKIND']._serialized_end=3911
+  _globals['_POLICYMODE']._serialized_start=3913
+  _globals['_POLICYMODE']._serialized_end=4006
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_start=160
+  _globals['_DISPATCHTOOLCALLREQUEST']._serialized_end=278
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_start=281
+  _globals['_DISPATCHTOOLCALLRESPONSE']._serialized_end=432
+  _globals['_DISPATCHTOOLCALLSREQUEST']._serialized_start=434
+  _globals['_DISPATCHTOOLCALLSREQUEST']._serialized_end=554
+  _globals['_DISPATCHTOOLCALLSRESPONSE']._serialized_start=556
+  _globals['_DISPATCHTOOLCALLSRESPONSE']._serialized_end=650
+  _globals['_DISPATCHTOOLCALLSTREAMREQUEST']._serialized_start=652
+  _globals['_DISPATCHTOOLCALLSTREAMREQUEST']._serialized_end=776
+  _globals['_PROGRESSUPDATE']._serialized_start=778
+  _globals['_PROGRESSUPDATE']._serialized_end=887
+  _globals['_TEXTDELTA']._serialized_start=889
+  _globals['_TEXTDELTA']._serialized_end=935
+  _globals['_EXPORTREADY']._serialized_start=937
+  _globals['_EXPORTREADY']._serialized_end=1024
+  _globals['_DISPATCHTOOLCALLSTREAMRESPONSE']._serialized_start=1027
+  _globals['_DISPATCHTOOLCALLSTREAMRESPONSE']._serialized_end=1355
+  _globals['_EXPORTFILE']._serialized_start=1358
+  _globals['_EXPORTFILE']._serialized_end=1619
+  _globals['_LISTEXPORTSREQUEST']._serialized_start=1621
+  _globals['_LISTEXPORTSREQUEST']._serialized_end=1700
+  _globals['_LISTEXPORTSRESPONSE']._serialized_start=1702
+  _globals['_LISTEXPORTSRESPONSE']._serialized_end=1776
+  _globals['_GETEXPORTREQUEST']._serialized_start=1778
+  _globals['_GETEXPORTREQUEST']._serialized_end=1832
+  _globals['_GETEXPORTRESPONSE']._serialized_start=1834
+  _globals['_GETEXPORTRESPONSE']._serialized_end=1930
+  _globals['_CANCELREQUEST']._serialized_start=1932
+  _globals['_CANCELREQUEST']._serialized_end=1991
+  _globals['_CANCELRESPONSE']._serialized_start=1994
+  _globals['_CANCELRESPONSE']._serialized_end=2134
+  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_start=2136
+  _globals['_LISTEXECUTIONLOGREQUEST']._serialized_end=2239
+  _globals['_EXECUTIONLOGENTRY']._serialized_start=2242
+  _globals['_EXECUTIONLOGENTRY']._serialized_end=2557
+  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_start=2559
+  _globals['_LISTEXECUTIONLOGRESPONSE']._serialized_end=2645
+  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_start=2647
+  _globals['_LISTCONVERSATIONEVENTSREQUEST']._serialized_end=2757
+  _globals['_CONVERSATIONEVENT']._serialized_start=2760
+  _globals['_CONVERSATIONEVENT']._serialized_end=2899
+  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_start=2901
+  _globals['_LISTCONVERSATIONEVENTSRESPONSE']._serialized_end=2992
+  _globals['_POLICYRULE']._serialized_start=2995
+  _globals['_POLICYRULE']._serialized_end=3298
+  _globals['_ADDPOLICYRULEREQUEST']._serialized_start=3300
+  _globals['_ADDPOLICYRULEREQUEST']._serialized_end=3372
+  _globals['_ADDPOLICYRULERESPONSE']._serialized_start=3374
+  _globals['_ADDPOLICYRULERESPONSE']._serialized_end=3447
+  _globals['_LISTPOLICYRULESREQUEST']._serialized_start=3449
+  _globals['_LISTPOLICYRULESREQUEST']._serialized_end=3518
+  _globals['_LISTPOLICYRULESRESPONSE']._serialized_start=3520
+  _globals['_LISTPOLICYRULESRESPONSE']._serialized_end=3596
+  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_start=3598
+  _globals['_DISABLEPOLICYRULEREQUEST']._serialized_end=3636
+  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_start=3638
+  _globals['_DISABLEPOLICYRULERESPONSE']._serialized_end=3715
+  _globals['_DISPATCHERSERVICE']._serialized_start=4009
+  _globals['_DISPATCHERSERVICE']._serialized_end=5307
 # @@protoc_insertion_point(module_scope)

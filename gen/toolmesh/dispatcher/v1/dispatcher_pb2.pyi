@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from toolmesh.type.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
@@ -68,6 +69,118 @@ class DispatchToolCallsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[DispatchToolCallResponse]
     def __init__(self, results: _Optional[_Iterable[_Union[DispatchToolCallResponse, _Mapping]]] = ...) -> None: ...
+
+class DispatchToolCallStreamRequest(_message.Message):
+    __slots__ = ("tool_use", "context")
+    TOOL_USE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    tool_use: _types_pb2.ToolUse
+    context: _types_pb2.CallContext
+    def __init__(self, tool_use: _Optional[_Union[_types_pb2.ToolUse, _Mapping]] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
+
+class ProgressUpdate(_message.Message):
+    __slots__ = ("tool_use_id", "message", "fraction", "data_json")
+    TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    tool_use_id: str
+    message: str
+    fraction: float
+    data_json: str
+    def __init__(self, tool_use_id: _Optional[str] = ..., message: _Optional[str] = ..., fraction: _Optional[float] = ..., data_json: _Optional[str] = ...) -> None: ...
+
+class TextDelta(_message.Message):
+    __slots__ = ("tool_use_id", "text")
+    TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    tool_use_id: str
+    text: str
+    def __init__(self, tool_use_id: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class ExportReady(_message.Message):
+    __slots__ = ("file_id", "filename", "size_bytes", "mime_type")
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    file_id: str
+    filename: str
+    size_bytes: int
+    mime_type: str
+    def __init__(self, file_id: _Optional[str] = ..., filename: _Optional[str] = ..., size_bytes: _Optional[int] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
+class DispatchToolCallStreamResponse(_message.Message):
+    __slots__ = ("progress", "card", "text_delta", "export_ready", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CARD_FIELD_NUMBER: _ClassVar[int]
+    TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_READY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: ProgressUpdate
+    card: _struct_pb2.Struct
+    text_delta: TextDelta
+    export_ready: ExportReady
+    result: DispatchToolCallResponse
+    def __init__(self, progress: _Optional[_Union[ProgressUpdate, _Mapping]] = ..., card: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., text_delta: _Optional[_Union[TextDelta, _Mapping]] = ..., export_ready: _Optional[_Union[ExportReady, _Mapping]] = ..., result: _Optional[_Union[DispatchToolCallResponse, _Mapping]] = ...) -> None: ...
+
+class ExportFile(_message.Message):
+    __slots__ = ("file_id", "filename", "path", "mime_type", "size_bytes", "source_tool", "original_filename", "conversation_id", "tool_use_id", "created_at", "tenant_id")
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_TOOL_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_FILENAME_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    file_id: str
+    filename: str
+    path: str
+    mime_type: str
+    size_bytes: int
+    source_tool: str
+    original_filename: str
+    conversation_id: str
+    tool_use_id: str
+    created_at: _timestamp_pb2.Timestamp
+    tenant_id: str
+    def __init__(self, file_id: _Optional[str] = ..., filename: _Optional[str] = ..., path: _Optional[str] = ..., mime_type: _Optional[str] = ..., size_bytes: _Optional[int] = ..., source_tool: _Optional[str] = ..., original_filename: _Optional[str] = ..., conversation_id: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+
+class ListExportsRequest(_message.Message):
+    __slots__ = ("conversation_id", "tenant_id", "limit")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    tenant_id: str
+    limit: int
+    def __init__(self, conversation_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListExportsResponse(_message.Message):
+    __slots__ = ("exports",)
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    exports: _containers.RepeatedCompositeFieldContainer[ExportFile]
+    def __init__(self, exports: _Optional[_Iterable[_Union[ExportFile, _Mapping]]] = ...) -> None: ...
+
+class GetExportRequest(_message.Message):
+    __slots__ = ("file_id", "tenant_id")
+    FILE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    file_id: str
+    tenant_id: str
+    def __init__(self, file_id: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+
+class GetExportResponse(_message.Message):
+    __slots__ = ("info", "chunk")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    info: ExportFile
+    chunk: bytes
+    def __init__(self, info: _Optional[_Union[ExportFile, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("conversation_id", "tenant_id")

@@ -45,6 +45,21 @@ class DispatcherServiceStub:
                 request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsResponse.FromString,
                 _registered_method=True)
+        self.DispatchToolCallStream = channel.unary_stream(
+                '/toolmesh.dispatcher.v1.DispatcherService/DispatchToolCallStream',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamResponse.FromString,
+                _registered_method=True)
+        self.ListExports = channel.unary_unary(
+                '/toolmesh.dispatcher.v1.DispatcherService/ListExports',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsResponse.FromString,
+                _registered_method=True)
+        self.GetExport = channel.unary_stream(
+                '/toolmesh.dispatcher.v1.DispatcherService/GetExport',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportResponse.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/toolmesh.dispatcher.v1.DispatcherService/Cancel',
                 request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.CancelRequest.SerializeToString,
@@ -93,6 +108,31 @@ class DispatcherServiceServicer:
     def DispatchToolCalls(self, request, context):
         """Dispatches the tool calls of one assistant turn concurrently; results in input order. One
         call's failure is reported in its own result and does not affect the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DispatchToolCallStream(self, request, context):
+        """Dispatches one tool call and streams it as it happens: the handler's progress, the result's
+        cards, export notices and the rendered text in chunks, then the final result as the last
+        message. Errors as for DispatchToolCall. Cancelling the stream stops the call (the handler
+        is cancelled) and it is logged as cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListExports(self, request, context):
+        """Lists the files tools produced for download (generated_files), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetExport(self, request, context):
+        """Downloads an export: a first message with its metadata, then its bytes in chunks. Unknown
+        id: NOT_FOUND; a file gone from the data dir: FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,6 +194,21 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.DispatchToolCalls,
                     request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsRequest.FromString,
                     response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsResponse.SerializeToString,
+            ),
+            'DispatchToolCallStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.DispatchToolCallStream,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamResponse.SerializeToString,
+            ),
+            'ListExports': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExports,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsResponse.SerializeToString,
+            ),
+            'GetExport': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetExport,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportResponse.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -241,6 +296,87 @@ class DispatcherService:
             '/toolmesh.dispatcher.v1.DispatcherService/DispatchToolCalls',
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsRequest.SerializeToString,
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchToolCallStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/DispatchToolCallStream',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.DispatchToolCallStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/ListExports',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListExportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/GetExport',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetExportResponse.FromString,
             options,
             channel_credentials,
             insecure,

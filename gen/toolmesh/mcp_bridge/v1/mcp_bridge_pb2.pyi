@@ -72,14 +72,16 @@ class ConnectRequest(_message.Message):
     def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("tools_discovered", "tool_names", "renamed")
+    __slots__ = ("tools_discovered", "tool_names", "renamed", "held")
     TOOLS_DISCOVERED_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     RENAMED_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     tools_discovered: int
     tool_names: _containers.RepeatedScalarFieldContainer[str]
     renamed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tools_discovered: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., renamed: _Optional[_Iterable[str]] = ...) -> None: ...
+    held: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tools_discovered: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., renamed: _Optional[_Iterable[str]] = ..., held: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DisconnectRequest(_message.Message):
     __slots__ = ("name",)
@@ -102,21 +104,25 @@ class ReconnectRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., server: _Optional[_Union[ServerConfig, _Mapping]] = ...) -> None: ...
 
 class ReconnectResponse(_message.Message):
-    __slots__ = ("added", "removed", "changed")
+    __slots__ = ("added", "removed", "changed", "tool_names", "renamed")
     ADDED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     CHANGED_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    RENAMED_FIELD_NUMBER: _ClassVar[int]
     added: _containers.RepeatedScalarFieldContainer[str]
     removed: _containers.RepeatedScalarFieldContainer[str]
     changed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[str]] = ...) -> None: ...
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    renamed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[str]] = ..., tool_names: _Optional[_Iterable[str]] = ..., renamed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListConnectionsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Connection(_message.Message):
-    __slots__ = ("server", "state", "server_name", "server_version", "protocol_version", "tool_names", "last_error")
+    __slots__ = ("server", "state", "server_name", "server_version", "protocol_version", "tool_names", "last_error", "session_id", "restarts")
     SERVER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SERVER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +130,8 @@ class Connection(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     server: ServerConfig
     state: ConnectionState
     server_name: str
@@ -131,7 +139,9 @@ class Connection(_message.Message):
     protocol_version: str
     tool_names: _containers.RepeatedScalarFieldContainer[str]
     last_error: str
-    def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ..., state: _Optional[_Union[ConnectionState, str]] = ..., server_name: _Optional[str] = ..., server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., last_error: _Optional[str] = ...) -> None: ...
+    session_id: str
+    restarts: int
+    def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ..., state: _Optional[_Union[ConnectionState, str]] = ..., server_name: _Optional[str] = ..., server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., last_error: _Optional[str] = ..., session_id: _Optional[str] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class ListConnectionsResponse(_message.Message):
     __slots__ = ("connections",)
@@ -164,11 +174,13 @@ class Progress(_message.Message):
     def __init__(self, progress: _Optional[float] = ..., total: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
-    __slots__ = ("progress", "result", "structured_content")
+    __slots__ = ("progress", "result", "structured_content", "structured_content_json")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_CONTENT_JSON_FIELD_NUMBER: _ClassVar[int]
     progress: Progress
     result: _types_pb2.ToolResult
     structured_content: _struct_pb2.Struct
-    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., structured_content: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    structured_content_json: str
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., structured_content: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., structured_content_json: _Optional[str] = ...) -> None: ...

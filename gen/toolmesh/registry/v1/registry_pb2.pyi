@@ -30,6 +30,34 @@ class ExecuteToolResponse(_message.Message):
     execution_ms: float
     def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., tool_type: _Optional[_Union[_types_pb2.ToolType, str]] = ..., execution_ms: _Optional[float] = ...) -> None: ...
 
+class ExecuteToolStreamRequest(_message.Message):
+    __slots__ = ("name", "input_json", "context")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    input_json: str
+    context: _types_pb2.CallContext
+    def __init__(self, name: _Optional[str] = ..., input_json: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
+
+class ToolProgress(_message.Message):
+    __slots__ = ("message", "fraction", "data_json")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    fraction: float
+    data_json: str
+    def __init__(self, message: _Optional[str] = ..., fraction: _Optional[float] = ..., data_json: _Optional[str] = ...) -> None: ...
+
+class ExecuteToolStreamResponse(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: ToolProgress
+    result: ExecuteToolResponse
+    def __init__(self, progress: _Optional[_Union[ToolProgress, _Mapping]] = ..., result: _Optional[_Union[ExecuteToolResponse, _Mapping]] = ...) -> None: ...
+
 class GetToolsForLLMRequest(_message.Message):
     __slots__ = ("tenant_id",)
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -197,3 +225,47 @@ class GetContractStatsResponse(_message.Message):
     counting_since: _timestamp_pb2.Timestamp
     instance: str
     def __init__(self, stats: _Optional[_Iterable[_Union[ContractStats, _Mapping]]] = ..., counting_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., instance: _Optional[str] = ...) -> None: ...
+
+class GetUsageStatsRequest(_message.Message):
+    __slots__ = ("group_by", "since", "tool_name", "tenant_id")
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    group_by: str
+    since: _timestamp_pb2.Timestamp
+    tool_name: str
+    tenant_id: str
+    def __init__(self, group_by: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+
+class UsageStats(_message.Message):
+    __slots__ = ("key", "calls", "errors", "error_rate", "p50_ms", "p95_ms", "cost_usd", "llm_calls", "tokens")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P95_MS_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    LLM_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    calls: int
+    errors: int
+    error_rate: float
+    p50_ms: float
+    p95_ms: float
+    cost_usd: float
+    llm_calls: int
+    tokens: int
+    def __init__(self, key: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., error_rate: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., cost_usd: _Optional[float] = ..., llm_calls: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class GetUsageStatsResponse(_message.Message):
+    __slots__ = ("stats", "since", "total_cost_usd")
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    stats: _containers.RepeatedCompositeFieldContainer[UsageStats]
+    since: _timestamp_pb2.Timestamp
+    total_cost_usd: float
+    def __init__(self, stats: _Optional[_Iterable[_Union[UsageStats, _Mapping]]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., total_cost_usd: _Optional[float] = ...) -> None: ...

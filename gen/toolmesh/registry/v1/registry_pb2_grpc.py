@@ -40,6 +40,11 @@ class RegistryServiceStub:
                 request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolResponse.FromString,
                 _registered_method=True)
+        self.ExecuteToolStream = channel.unary_stream(
+                '/toolmesh.registry.v1.RegistryService/ExecuteToolStream',
+                request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamResponse.FromString,
+                _registered_method=True)
         self.GetToolsForLLM = channel.unary_unary(
                 '/toolmesh.registry.v1.RegistryService/GetToolsForLLM',
                 request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetToolsForLLMRequest.SerializeToString,
@@ -80,6 +85,11 @@ class RegistryServiceStub:
                 request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.FromString,
                 _registered_method=True)
+        self.GetUsageStats = channel.unary_unary(
+                '/toolmesh.registry.v1.RegistryService/GetUsageStats',
+                request_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServiceServicer:
@@ -91,6 +101,15 @@ class RegistryServiceServicer:
         "suggestions" naming the closest tools); input not a JSON object: INVALID_ARGUMENT; a custom
         or MCP tool whose service is not configured: FAILED_PRECONDITION. A tool that runs and fails
         returns OK with an Err or Hint envelope in the result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecuteToolStream(self, request, context):
+        """ExecuteTool with progress: streams the handler's progress reports as they happen (a
+        handler reports through its context), then one message with the result. Errors as for
+        ExecuteTool. Cancelling the stream cancels the handler.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +174,14 @@ class RegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsageStats(self, request, context):
+        """Operational statistics from the shared logs (tool_execution_log, usage_log): calls, error
+        rate, p50/p95 duration and cost per group over a window. Every replica answers the same.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +189,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     servicer.ExecuteTool,
                     request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolRequest.FromString,
                     response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolResponse.SerializeToString,
+            ),
+            'ExecuteToolStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteToolStream,
+                    request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamRequest.FromString,
+                    response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamResponse.SerializeToString,
             ),
             'GetToolsForLLM': grpc.unary_unary_rpc_method_handler(
                     servicer.GetToolsForLLM,
@@ -203,6 +235,11 @@ def add_RegistryServiceServicer_to_server(servicer, server):
                     request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.FromString,
                     response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.SerializeToString,
             ),
+            'GetUsageStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsageStats,
+                    request_deserializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsRequest.FromString,
+                    response_serializer=toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'toolmesh.registry.v1.RegistryService', rpc_method_handlers)
@@ -232,6 +269,33 @@ class RegistryService:
             '/toolmesh.registry.v1.RegistryService/ExecuteTool',
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolRequest.SerializeToString,
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteToolStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolmesh.registry.v1.RegistryService/ExecuteToolStream',
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamRequest.SerializeToString,
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.ExecuteToolStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -448,6 +512,33 @@ class RegistryService:
             '/toolmesh.registry.v1.RegistryService/GetContractStats',
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsRequest.SerializeToString,
             toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetContractStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsageStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.registry.v1.RegistryService/GetUsageStats',
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsRequest.SerializeToString,
+            toolmesh_dot_registry_dot_v1_dot_registry__pb2.GetUsageStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,26 +54,30 @@ class ExecutionLimits(_message.Message):
     def __init__(self, wall_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., max_tool_calls: _Optional[int] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("tool_name", "code", "input_json", "context", "limits")
+    __slots__ = ("tool_name", "code", "input_json", "context", "limits", "df")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    DF_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     code: str
     input_json: str
     context: _types_pb2.CallContext
     limits: ExecutionLimits
-    def __init__(self, tool_name: _Optional[str] = ..., code: _Optional[str] = ..., input_json: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ...) -> None: ...
+    df: _types_pb2.Dataset
+    def __init__(self, tool_name: _Optional[str] = ..., code: _Optional[str] = ..., input_json: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ..., df: _Optional[_Union[_types_pb2.Dataset, _Mapping]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("result", "execution_ms")
+    __slots__ = ("result", "execution_ms", "tool_calls")
     RESULT_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_MS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     result: _types_pb2.ToolResult
     execution_ms: float
-    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., execution_ms: _Optional[float] = ...) -> None: ...
+    tool_calls: int
+    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., execution_ms: _Optional[float] = ..., tool_calls: _Optional[int] = ...) -> None: ...
 
 class RegisterCustomToolRequest(_message.Message):
     __slots__ = ("tool",)

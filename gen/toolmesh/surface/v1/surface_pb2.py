@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!toolmesh/surface/v1/surface.proto\x12\x13toolmesh.surface.v1\x1a\x1ctoolmesh/type/v1/types.proto\"\xa3\x01\n\x14\x41ssembleToolsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x04 \x01(\t\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.toolmesh.type.v1.Mode\x12\r\n\x05model\x18\x06 \x01(\t\"Z\n\x0bSurfaceTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61nthropic_json\x18\x02 \x01(\t\x12\x13\n\x0bopenai_json\x18\x03 \x01(\t\x12\x10\n\x08resident\x18\x04 \x01(\x08\"k\n\x15\x41ssembleToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.surface.v1.SurfaceTool\x12\x0f\n\x07skipped\x18\x02 \x03(\t\x12\x10\n\x08\x66iltered\x18\x03 \x03(\t\"b\n\x12SearchToolsRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"=\n\tToolMatch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"i\n\x13SearchToolsResponse\x12/\n\x07matches\x18\x01 \x03(\x0b\x32\x1e.toolmesh.surface.v1.ToolMatch\x12\x10\n\x08paged_in\x18\x02 \x03(\t\x12\x0f\n\x07refusal\x18\x03 \x01(\t\"\x14\n\x12\x44\x65riveTier0Request\"5\n\x13\x44\x65riveTier0Response\x12\r\n\x05names\x18\x01 \x03(\t\x12\x0f\n\x07warning\x18\x02 \x01(\t\"E\n\x14GetWorkingSetRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x02 \x01(\t\"&\n\x15GetWorkingSetResponse\x12\r\n\x05names\x18\x01 \x03(\t\"\xf2\x01\n\x0bModelConfig\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x05\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x1c\n\x14input_price_per_mtok\x18\x06 \x01(\x01\x12\x1d\n\x15output_price_per_mtok\x18\x07 \x01(\x01\x12!\n\x19\x63\x61\x63he_read_price_per_mtok\x18\x08 \x01(\x01\x12\"\n\x1a\x63\x61\x63he_write_price_per_mtok\x18\t \x01(\x01\"\x19\n\x17ListModelConfigsRequest\"M\n\x18ListModelConfigsResponse\x12\x31\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32 .toolmesh.surface.v1.ModelConfig\"L\n\x18UpsertModelConfigRequest\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32 .toolmesh.surface.v1.ModelConfig\"M\n\x19UpsertModelConfigResponse\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32 .toolmesh.surface.v1.ModelConfig2\x89\x05\n\x0eSurfaceService\x12\x66\n\rAssembleTools\x12).toolmesh.surface.v1.AssembleToolsRequest\x1a*.toolmesh.surface.v1.AssembleToolsResponse\x12`\n\x0bSearchTools\x12\'.toolmesh.surface.v1.SearchToolsRequest\x1a(.toolmesh.surface.v1.SearchToolsResponse\x12`\n\x0b\x44\x65riveTier0\x12\'.toolmesh.surface.v1.DeriveTier0Request\x1a(.toolmesh.surface.v1.DeriveTier0Response\x12\x66\n\rGetWorkingSet\x12).toolmesh.surface.v1.GetWorkingSetRequest\x1a*.toolmesh.surface.v1.GetWorkingSetResponse\x12o\n\x10ListModelConfigs\x12,.toolmesh.surface.v1.ListModelConfigsRequest\x1a-.toolmesh.surface.v1.ListModelConfigsResponse\x12r\n\x11UpsertModelConfig\x12-.toolmesh.surface.v1.UpsertModelConfigRequest\x1a..toolmesh.surface.v1.UpsertModelConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!toolmesh/surface/v1/surface.proto\x12\x13toolmesh.surface.v1\x1a\x1ctoolmesh/type/v1/types.proto\"\xa3\x01\n\x14\x41ssembleToolsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x04 \x01(\t\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.toolmesh.type.v1.Mode\x12\r\n\x05model\x18\x06 \x01(\t\"Z\n\x0bSurfaceTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61nthropic_json\x18\x02 \x01(\t\x12\x13\n\x0bopenai_json\x18\x03 \x01(\t\x12\x10\n\x08resident\x18\x04 \x01(\x08\"\x81\x01\n\x15\x41ssembleToolsResponse\x12/\n\x05tools\x18\x01 \x03(\x0b\x32 .toolmesh.surface.v1.SurfaceTool\x12\x0f\n\x07skipped\x18\x02 \x03(\t\x12\x10\n\x08\x66iltered\x18\x03 \x03(\t\x12\x14\n\x0c\x66loor_source\x18\x04 \x01(\t\"q\n\x12SearchToolsRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\r\n\x05model\x18\x04 \x01(\t\"=\n\tToolMatch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"\x94\x01\n\x13SearchToolsResponse\x12/\n\x07matches\x18\x01 \x03(\x0b\x32\x1e.toolmesh.surface.v1.ToolMatch\x12\x10\n\x08paged_in\x18\x02 \x03(\t\x12\x0f\n\x07refusal\x18\x03 \x01(\t\x12\x19\n\x11\x61lready_available\x18\x04 \x03(\t\x12\x0e\n\x06hybrid\x18\x05 \x01(\x08\"\x14\n\x12\x44\x65riveTier0Request\"5\n\x13\x44\x65riveTier0Response\x12\r\n\x05names\x18\x01 \x03(\t\x12\x0f\n\x07warning\x18\x02 \x01(\t\"E\n\x14GetWorkingSetRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x02 \x01(\t\"&\n\x15GetWorkingSetResponse\x12\r\n\x05names\x18\x01 \x03(\t\"\xf2\x01\n\x0bModelConfig\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x03 \x03(\t\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x05\x12\r\n\x05roles\x18\x05 \x03(\t\x12\x1c\n\x14input_price_per_mtok\x18\x06 \x01(\x01\x12\x1d\n\x15output_price_per_mtok\x18\x07 \x01(\x01\x12!\n\x19\x63\x61\x63he_read_price_per_mtok\x18\x08 \x01(\x01\x12\"\n\x1a\x63\x61\x63he_write_price_per_mtok\x18\t \x01(\x01\"\x19\n\x17ListModelConfigsRequest\"M\n\x18ListModelConfigsResponse\x12\x31\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32 .toolmesh.surface.v1.ModelConfig\"L\n\x18UpsertModelConfigRequest\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32 .toolmesh.surface.v1.ModelConfig\"M\n\x19UpsertModelConfigResponse\x12\x30\n\x06\x63onfig\x18\x01 \x01(\x0b\x32 .toolmesh.surface.v1.ModelConfig2\x89\x05\n\x0eSurfaceService\x12\x66\n\rAssembleTools\x12).toolmesh.surface.v1.AssembleToolsRequest\x1a*.toolmesh.surface.v1.AssembleToolsResponse\x12`\n\x0bSearchTools\x12\'.toolmesh.surface.v1.SearchToolsRequest\x1a(.toolmesh.surface.v1.SearchToolsResponse\x12`\n\x0b\x44\x65riveTier0\x12\'.toolmesh.surface.v1.DeriveTier0Request\x1a(.toolmesh.surface.v1.DeriveTier0Response\x12\x66\n\rGetWorkingSet\x12).toolmesh.surface.v1.GetWorkingSetRequest\x1a*.toolmesh.surface.v1.GetWorkingSetResponse\x12o\n\x10ListModelConfigs\x12,.toolmesh.surface.v1.ListModelConfigsRequest\x1a-.toolmesh.surface.v1.ListModelConfigsResponse\x12r\n\x11UpsertModelConfig\x12-.toolmesh.surface.v1.UpsertModelConfigRequest\x1a..toolmesh.surface.v1.UpsertModelConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,32 +36,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASSEMBLETOOLSREQUEST']._serialized_end=252
   _globals['_SURFACETOOL']._serialized_start=254
   _globals['_SURFACETOOL']._serialized_end=344
-  _globals['_ASSEMBLETOOLSRESPONSE']._serialized_start=346
-  _globals['_ASSEMBLETOOLSRESPONSE']._serialized_end=453
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=455
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=553
-  _globals['_TOOLMATCH']._serialized_start=555
-  _globals['_TOOLMATCH']._serialized_end=616
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=618
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=723
-  _globals['_DERIVETIER0REQUEST']._serialized_start=725
-  _globals['_DERIVETIER0REQUEST']._serialized_end=745
-  _globals['_DERIVETIER0RESPONSE']._serialized_start=747
-  _globals['_DERIVETIER0RESPONSE']._serialized_end=800
-  _globals['_GETWORKINGSETREQUEST']._serialized_start=802
-  _globals['_GETWORKINGSETREQUEST']._serialized_end=871
-  _globals['_GETWORKINGSETRESPONSE']._serialized_start=873
-  _globals['_GETWORKINGSETRESPONSE']._serialized_end=911
-  _globals['_MODELCONFIG']._serialized_start=914
-  _globals['_MODELCONFIG']._serialized_end=1156
-  _globals['_LISTMODELCONFIGSREQUEST']._serialized_start=1158
-  _globals['_LISTMODELCONFIGSREQUEST']._serialized_end=1183
-  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_start=1185
-  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_end=1262
-  _globals['_UPSERTMODELCONFIGREQUEST']._serialized_start=1264
-  _globals['_UPSERTMODELCONFIGREQUEST']._serialized_end=1340
-  _globals['_UPSERTMODELCONFIGRESPONSE']._serialized_start=1342
-  _globals['_UPSERTMODELCONFIGRESPONSE']._serialized_end=1419
-  _globals['_SURFACESERVICE']._serialized_start=1422
-  _globals['_SURFACESERVICE']._serialized_end=2071
+  _globals['_ASSEMBLETOOLSRESPONSE']._serialized_start=347
+  _globals['_ASSEMBLETOOLSRESPONSE']._serialized_end=476
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=478
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=591
+  _globals['_TOOLMATCH']._serialized_start=593
+  _globals['_TOOLMATCH']._serialized_end=654
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=657
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=805
+  _globals['_DERIVETIER0REQUEST']._serialized_start=807
+  _globals['_DERIVETIER0REQUEST']._serialized_end=827
+  _globals['_DERIVETIER0RESPONSE']._serialized_start=829
+  _globals['_DERIVETIER0RESPONSE']._serialized_end=882
+  _globals['_GETWORKINGSETREQUEST']._serialized_start=884
+  _globals['_GETWORKINGSETREQUEST']._serialized_end=953
+  _globals['_GETWORKINGSETRESPONSE']._serialized_start=955
+  _globals['_GETWORKINGSETRESPONSE']._serialized_end=993
+  _globals['_MODELCONFIG']._serialized_start=996
+  _globals['_MODELCONFIG']._serialized_end=1238
+  _globals['_LISTMODELCONFIGSREQUEST']._serialized_start=1240
+  _globals['_LISTMODELCONFIGSREQUEST']._serialized_end=1265
+  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_start=1267
+  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_end=1344
+  _globals['_UPSERTMODELCONFIGREQUEST']._serialized_start=1346
+  _globals['_UPSERTMODELCONFIGREQUEST']._serialized_end=1422
+  _globals['_UPSERTMODELCONFIGRESPONSE']._serialized_start=1424
+  _globals['_UPSERTMODELCONFIGRESPONSE']._serialized_end=1501
+  _globals['_SURFACESERVICE']._serialized_start=1504
+  _globals['_SURFACESERVICE']._serialized_end=2153
 # @@protoc_insertion_point(module_scope)

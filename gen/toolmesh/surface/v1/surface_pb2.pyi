@@ -36,24 +36,28 @@ class SurfaceTool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., anthropic_json: _Optional[str] = ..., openai_json: _Optional[str] = ..., resident: _Optional[bool] = ...) -> None: ...
 
 class AssembleToolsResponse(_message.Message):
-    __slots__ = ("tools", "skipped", "filtered")
+    __slots__ = ("tools", "skipped", "filtered", "floor_source")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_SOURCE_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[SurfaceTool]
     skipped: _containers.RepeatedScalarFieldContainer[str]
     filtered: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tools: _Optional[_Iterable[_Union[SurfaceTool, _Mapping]]] = ..., skipped: _Optional[_Iterable[str]] = ..., filtered: _Optional[_Iterable[str]] = ...) -> None: ...
+    floor_source: str
+    def __init__(self, tools: _Optional[_Iterable[_Union[SurfaceTool, _Mapping]]] = ..., skipped: _Optional[_Iterable[str]] = ..., filtered: _Optional[_Iterable[str]] = ..., floor_source: _Optional[str] = ...) -> None: ...
 
 class SearchToolsRequest(_message.Message):
-    __slots__ = ("query", "limit", "context")
+    __slots__ = ("query", "limit", "context", "model")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     query: str
     limit: int
     context: _types_pb2.CallContext
-    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ToolMatch(_message.Message):
     __slots__ = ("name", "score", "description")
@@ -66,14 +70,18 @@ class ToolMatch(_message.Message):
     def __init__(self, name: _Optional[str] = ..., score: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class SearchToolsResponse(_message.Message):
-    __slots__ = ("matches", "paged_in", "refusal")
+    __slots__ = ("matches", "paged_in", "refusal", "already_available", "hybrid")
     MATCHES_FIELD_NUMBER: _ClassVar[int]
     PAGED_IN_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    HYBRID_FIELD_NUMBER: _ClassVar[int]
     matches: _containers.RepeatedCompositeFieldContainer[ToolMatch]
     paged_in: _containers.RepeatedScalarFieldContainer[str]
     refusal: str
-    def __init__(self, matches: _Optional[_Iterable[_Union[ToolMatch, _Mapping]]] = ..., paged_in: _Optional[_Iterable[str]] = ..., refusal: _Optional[str] = ...) -> None: ...
+    already_available: _containers.RepeatedScalarFieldContainer[str]
+    hybrid: bool
+    def __init__(self, matches: _Optional[_Iterable[_Union[ToolMatch, _Mapping]]] = ..., paged_in: _Optional[_Iterable[str]] = ..., refusal: _Optional[str] = ..., already_available: _Optional[_Iterable[str]] = ..., hybrid: _Optional[bool] = ...) -> None: ...
 
 class DeriveTier0Request(_message.Message):
     __slots__ = ()

@@ -1,0 +1,82 @@
+"""Entry point of the MCP bridge: `python -m services.mcp_bridge [--port N]`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.mcp_bridge.core import McpBridge
+from services.mcp_bridge.servicer import McpBridgeServicer
+from services.mcp_bridge.sink import GrpcToolSink
+from services.mcp_bridge.store import SqlConnectionStore
+from shared.clients import MeshClients
+from shared.config import Settings
+from shared.db.engine import make_engine, session_factory, upgrade
+from shared.errors import FailedPrecondition
+from shared.server import (
+    ServiceBinding,
+    create_server,
+    install_stop_signals,
+    serve_until_signalled,
+)
+from shared.service_main import announce_ready, service_main
+from shared.telemetry.metrics import setup_metrics, shutdown_metrics
+from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2, mcp_bridge_pb2_grpc
+
+SERVICE = "mcp_bridge"
+logger = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, port: int) -> None:
+    stop = install_stop_signals()
+    setup_tracing(SERVICE, settings)
+    setup_metrics(SERVICE, settings)
+    if not settings.address("registry"):
+        raise FailedPrecondition("the MCP bridge needs the registry: set TOOLMESH_REGISTRY_ADDR")
+    await asyncio.to_thread(upgrade, settings.database_url)
+    engine = make_engine(settings.database_url)
+    clients = MeshClients(dict(settings.addresses))
+    core = McpBridge(
+        SqlConnectionStore(session_factory(engine)),
+        GrpcToolSink(clients.registry(), tracing=settings.tracing),
+        connect_timeout_s=settings.mcp_connect_timeout_s,
+        call_timeout_s=settings.mcp_call_timeout_s,
+        backoff_s=settings.mcp_restart_backoff_s,
+        backoff_max_s=settings.mcp_restart_backoff_max_s,
+        hold_changed=settings.mcp_hold_changed,
+        export_dir=settings.data_dir / "exports" / "mcp",
+    )
+    server, bound, health = await create_server(
+        [
+            ServiceBinding(
+                mcp_bridge_pb2_grpc.add_McpBridgeServiceServicer_to_server,
+                McpBridgeServicer(core),
+                mcp_bridge_pb2.DESCRIPTOR.services_by_name["McpBridgeService"].full_name,
+            )
+        ],
+        host=settings.host,
+        port=port,
+        tracing=settings.tracing,
+    )
+    restored = await core.restore()
+    if restored:
+        logger.info("re-establishing %d stored MCP connections: %s", len(restored), restored)
+    announce_ready(SERVICE, f"{settings.host}:{bound}")
+
+    async def on_stop() -> None:
+        await core.stop()
+        await clients.close()
+        engine.dispose()
+        shutdown_metrics()
+        shutdown_tracing()
+
+    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+
+
+def main() -> None:
+    service_main(SERVICE, serve)
+
+
+if __name__ == "__main__":
+    main()

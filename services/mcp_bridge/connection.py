@@ -1,0 +1,201 @@
+"""One live MCP connection: a supervisor task that owns the SDK client (anyio scopes must be
+entered and left in one task), detects a crashed server or a broken transport, and re-opens it
+with exponential backoff. Calls from other tasks go through `call`; while the server is down
+they fail with UNAVAILABLE. Closing the client reaps a stdio server's process tree."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from services.mcp_bridge import sdk
+from services.mcp_bridge.model import (
+    ConnectionInfo,
+    ConnectionStateName,
+    InventoryReport,
+    McpTool,
+    ServerConfig,
+)
+from shared.errors import Unavailable
+
+logger = logging.getLogger(__name__)
+
+# How often the supervisor checks whether the session's transport has ended.
+WATCH_INTERVAL_S = 0.2
+CLOSE_TIMEOUT_S = 10.0
+
+OnOpen = Callable[["LiveConnection", list[McpTool]], Awaitable[InventoryReport]]
+
+
+class LiveConnection:
+    """The supervisor of one connection. `start()` returns once the first session is open and
+    its tools are registered (or raises); with `retry_first` (restoring at start-up) it returns
+    at once and keeps retrying in the background."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        on_open: OnOpen,
+        connect_timeout_s: float,
+        backoff_s: float,
+        backoff_max_s: float,
+    ) -> None:
+        self.config = config
+        self.state: ConnectionStateName = "connecting"
+        self.last_error = ""
+        self.restarts = 0
+        self.identity: dict[str, str] = {}
+        self.tools: list[McpTool] = []
+        self.tool_names: list[str] = []
+        self._on_open = on_open
+        self._connect_timeout_s = connect_timeout_s
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._client: Any = None
+        self._http = sdk.HttpState()
+        self._closing = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._first: asyncio.Future[InventoryReport] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, *, retry_first: bool = False) -> InventoryReport | None:
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_future()
+        self._task = asyncio.create_task(
+            self._supervise(retry_first), name=f"mcp-connection-{self.config.name}"
+        )
+        if retry_first:
+            return None
+        try:
+            return await asyncio.shield(self._first)
+        except asyncio.CancelledError:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Close the session (a stdio server's process tree is reaped) and stop supervising."""
+        self._closing.set()
+        task = self._task
+        if task is None or task.done():
+            self.state = "disconnected"
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("connection %s did not close in time; cancelling", self.config.name)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.state = "disconnected"
+
+    async def _supervise(self, retry_first: bool) -> None:
+        attempt = 0
+        opened_once = False
+        while not self._closing.is_set():
+            self._broken.clear()
+            self.state = "connecting"
+            try:
+                await self._session(first=not opened_once)
+                opened_once = True
+                attempt = 0
+            except Exception as exc:  # noqa: BLE001 - the supervisor's top level: record, retry
+                error = sdk.connect_error(self.config, exc)
+                self.last_error = error.message
+                if self._first is not None and not self._first.done() and not retry_first:
+                    self._first.set_exception(error)
+                    self.state = "failed"
+                    return
+                logger.warning("MCP connection %s failed: %s", self.config.name, error.message)
+            finally:
+                self._client = None
+                self._http.session_id = ""
+            if self._closing.is_set():
+                break
+            self.state = "failed"
+            delay = min(self._backoff_s * (2**attempt), self._backoff_max_s)
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+            if not self._closing.is_set():
+                self.restarts += 1
+        self.state = "disconnected"
+
+    async def _session(self, *, first: bool) -> None:
+        async with AsyncExitStack() as stack:
+            async with asyncio.timeout(self._connect_timeout_s):
+                client = await sdk.open_client(self.config, stack, self._http)
+                tools = await _list_tools(client)
+            self.identity = dict(sdk.server_identity(client))
+            self.tools = tools
+            report = await self._on_open(self, tools)
+            self.tool_names = list(report.tool_names)
+            self._client = client
+            self.state = "connected"
+            self.last_error = ""
+            if self._first is not None and not self._first.done():
+                self._first.set_result(report)
+            elif not first:
+                logger.info("MCP connection %s re-established", self.config.name)
+            await self._watch(client)
+
+    async def _watch(self, client: Any) -> None:
+        while not self._closing.is_set():
+            if self._broken.is_set() or sdk.session_closed(client):
+                self._client = None
+                raise ConnectionError(f"MCP server {self.config.name!r} went away")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), WATCH_INTERVAL_S)
+
+    # --- calls ----------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self._http.session_id
+
+    def client(self) -> Any:
+        """The open client, or Unavailable naming the connection's state."""
+        client = self._client
+        if client is None or self.state != "connected" or sdk.session_closed(client):
+            detail = f": {self.last_error}" if self.last_error else ""
+            raise Unavailable(
+                f"MCP server {self.config.name!r} is {self.state}{detail}; retry shortly",
+                reason="MCP_SERVER_UNAVAILABLE",
+                metadata={"connection": self.config.name, "state": self.state},
+            )
+        return client
+
+    def mark_broken(self) -> None:
+        """A call saw the transport end: restart the server now."""
+        self._broken.set()
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(
+            server=self.config.redacted(),
+            state=self.state,
+            server_name=self.identity.get("name", ""),
+            server_version=self.identity.get("version", ""),
+            protocol_version=self.identity.get("protocol_version", ""),
+            tool_names=tuple(self.tool_names),
+            last_error=self.last_error,
+            session_id=self.session_id,
+            restarts=self.restarts,
+        )
+
+
+async def _list_tools(client: Any) -> list[McpTool]:
+    tools: list[McpTool] = []
+    cursor: str | None = None
+    for _ in range(100):  # a server paging forever is cut off
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(McpTool(**sdk.tool_from_sdk(t)) for t in page.tools)
+        cursor = getattr(page, "next_cursor", None)
+        if not cursor:
+            break
+    return tools

@@ -1,0 +1,428 @@
+"""The MCP bridge's domain core: connect / disconnect / reconnect / list / stop, restoring stored
+connections, registering each connection's tools in the registry (naming, description prefix,
+definition pinning) and proxying calls with MCP client spans. Imports no grpc: the registry and
+the connection store are parameters (ToolSink, ConnectionStore)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from services.mcp_bridge import sdk
+from services.mcp_bridge.connection import LiveConnection
+from services.mcp_bridge.content import result_to_envelope
+from services.mcp_bridge.model import (
+    ConnectionInfo,
+    InventoryReport,
+    McpTool,
+    ProgressUpdate,
+    ServerConfig,
+    StoredTool,
+    ToolRegistration,
+)
+from services.mcp_bridge.naming import (
+    assign_names,
+    check_connection_name,
+    definition_hash,
+    implementation_of,
+    parse_implementation,
+)
+from shared.contract import Envelope, Err
+from shared.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from shared.telemetry.metrics import record_mcp_operation
+from shared.telemetry.tracing import span_attributes, tracer
+
+logger = logging.getLogger(__name__)
+
+ProgressSink = Callable[[ProgressUpdate], Awaitable[None]]
+
+
+class ToolSink(Protocol):
+    """Where the bridge registers tools (the registry)."""
+
+    async def connection_tools(self, created_by: str) -> list[StoredTool]:
+        """Every row created by this connection, soft-deleted ones included."""
+        ...
+
+    async def live_tools(self) -> list[StoredTool]:
+        """Every live tool row (any owner)."""
+        ...
+
+    async def upsert(self, tools: Sequence[ToolRegistration]) -> None: ...
+
+    async def delete(self, names: Sequence[str], created_by: str) -> list[str]: ...
+
+
+class ConnectionStore(Protocol):
+    """Stored connections, re-established when the bridge restarts."""
+
+    def load(self) -> list[ServerConfig]: ...
+
+    def save(self, config: ServerConfig) -> None: ...
+
+    def delete(self, name: str) -> None: ...
+
+
+@dataclass
+class CallOutcome:
+    """A proxied call: its envelope and the raw structuredContent, if any."""
+
+    envelope: Envelope
+    structured: dict[str, Any] | None = None
+
+
+def validate_config(config: ServerConfig) -> None:
+    check_connection_name(config.name)
+    if config.transport == "stdio" and not config.command:
+        raise InvalidArgument(
+            "a stdio connection needs a command",
+            reason="MCP_CONFIG_INVALID",
+            field_violations=[("server.command", "empty")],
+        )
+    if config.transport == "streamable_http" and not config.url.startswith(("http://", "https://")):
+        raise InvalidArgument(
+            f"a streamable HTTP connection needs an http(s) URL, got {config.url!r}",
+            reason="MCP_CONFIG_INVALID",
+            field_violations=[("server.url", "must start with http:// or https://")],
+        )
+
+
+class McpBridge:
+    """All connections of one bridge process."""
+
+    def __init__(
+        self,
+        store: ConnectionStore,
+        sink: ToolSink,
+        *,
+        connect_timeout_s: float = 30.0,
+        call_timeout_s: float = 120.0,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        hold_changed: bool = True,
+        export_dir: Path | None = None,
+    ) -> None:
+        self._store = store
+        self._sink = sink
+        self._connect_timeout_s = connect_timeout_s
+        self._call_timeout_s = call_timeout_s
+        self._backoff_s = backoff_s
+        self._backoff_max_s = backoff_max_s
+        self._hold_changed = hold_changed
+        self._export_dir = export_dir
+        self._connections: dict[str, LiveConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _new(self, config: ServerConfig) -> LiveConnection:
+        return LiveConnection(
+            config,
+            on_open=self._register,
+            connect_timeout_s=self._connect_timeout_s,
+            backoff_s=self._backoff_s,
+            backoff_max_s=self._backoff_max_s,
+        )
+
+    # --- connections ----------------------------------------------------------------------
+
+    async def connect(self, config: ServerConfig) -> InventoryReport:
+        """Open a session, list the tools, register them; the connection is stored."""
+        validate_config(config)
+        sdk.require_sdk()
+        async with self._lock(config.name):
+            if config.name in self._connections:
+                raise AlreadyExists(
+                    f"connection {config.name!r} exists; disconnect or reconnect it",
+                    reason="MCP_CONNECTION_EXISTS",
+                    metadata={"connection": config.name},
+                )
+            live = self._new(config)
+            report = await live.start()
+            assert report is not None
+            self._connections[config.name] = live
+            await asyncio.to_thread(self._store.save, config)
+            return report
+
+    async def disconnect(self, name: str) -> list[str]:
+        """Close the connection (reaping its process), soft-delete its tools, forget it."""
+        async with self._lock(name):
+            live = self._connections.pop(name, None)
+            if live is None:
+                raise NotFound(
+                    f"no MCP connection named {name!r}",
+                    reason="MCP_CONNECTION_NOT_FOUND",
+                    metadata={"connection": name},
+                )
+            try:
+                # Tools first: if the registry is down nothing changes and the caller retries.
+                removed = await self._sink.delete([], live.config.created_by)
+            except BaseException:
+                self._connections[name] = live
+                raise
+            await live.close()
+            await asyncio.to_thread(self._store.delete, name)
+            return removed
+
+    async def reconnect(self, name: str, config: ServerConfig | None = None) -> InventoryReport:
+        """Re-open with the stored (or a new) config; reports added, removed, changed tools."""
+        if config is not None:
+            validate_config(config)
+            if config.name != name:
+                raise InvalidArgument(
+                    f"server.name {config.name!r} differs from name {name!r}",
+                    field_violations=[("server.name", "must equal name")],
+                )
+        async with self._lock(name):
+            old = self._connections.get(name)
+            if old is None and config is None:
+                stored = {c.name: c for c in await asyncio.to_thread(self._store.load)}
+                config = stored.get(name)
+            if old is None and config is None:
+                raise NotFound(
+                    f"no MCP connection named {name!r}",
+                    reason="MCP_CONNECTION_NOT_FOUND",
+                    metadata={"connection": name},
+                )
+            new_config = config or (old.config if old else None)
+            assert new_config is not None
+            if old is not None:
+                await old.close()
+                self._connections.pop(name, None)
+            live = self._new(new_config)
+            report = await live.start()
+            assert report is not None
+            self._connections[name] = live
+            await asyncio.to_thread(self._store.save, new_config)
+            return report
+
+    def list_connections(self) -> list[ConnectionInfo]:
+        return [self._connections[n].info() for n in sorted(self._connections)]
+
+    async def restore(self) -> list[str]:
+        """Re-establish every stored connection in the background (each retries with backoff
+        until its server answers); returns their names."""
+        configs = await asyncio.to_thread(self._store.load)
+        for config in configs:
+            if config.name in self._connections:
+                continue
+            live = self._new(config)
+            self._connections[config.name] = live
+            await live.start(retry_first=True)
+        return [c.name for c in configs]
+
+    async def stop(self) -> None:
+        """Close every connection (shutdown): stored rows stay, tools stay registered."""
+        lives = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(live.close() for live in lives), return_exceptions=True)
+
+    # --- registration ---------------------------------------------------------------------
+
+    async def _register(self, live: LiveConnection, tools: list[McpTool]) -> InventoryReport:
+        """Register a listing: names, `[MCP: conn]` descriptions, pinned definition hashes.
+        A changed definition is held in `testing` (with hold_changed); tools gone from the
+        server are soft-deleted."""
+        config = live.config
+        stored = await self._sink.connection_tools(config.created_by)
+        live_rows = {s.name: s for s in stored if not s.deleted}
+        by_name = {s.name: s for s in stored}
+        previous: dict[str, str] = {}
+        for s in stored:
+            parsed = parse_implementation(s.implementation)
+            if parsed is not None and parsed[0] == config.name:
+                previous.setdefault(parsed[1], s.name)
+        taken = {t.name for t in await self._sink.live_tools() if t.created_by != config.created_by}
+        names, renamed = assign_names(
+            config.name, [t.name for t in tools], taken=taken, previous=previous
+        )
+        report = InventoryReport(renamed=renamed)
+        registrations: list[ToolRegistration] = []
+        for tool in sorted(tools, key=lambda t: names[t.name]):
+            name = names[tool.name]
+            digest = definition_hash(tool)
+            old = by_name.get(name)
+            status = "approved"
+            if name not in live_rows:
+                report.added.append(name)
+            if old is not None and old.definition_hash:
+                if old.definition_hash != digest:
+                    report.changed.append(name)
+                    if self._hold_changed:
+                        status = "testing"
+                        report.held.append(name)
+                else:
+                    status = old.status
+            registrations.append(
+                ToolRegistration(
+                    name=name,
+                    description=f"[MCP: {config.name}] {tool.description}".rstrip(),
+                    input_schema=tool.input_schema or {"type": "object"},
+                    implementation=implementation_of(config.name, tool.name),
+                    created_by=config.created_by,
+                    tenant_id=config.tenant_id,
+                    status=status,
+                    definition_hash=digest,
+                    # An admin's disable survives reconnects.
+                    enabled=old.enabled if old is not None else True,
+                )
+            )
+            report.tool_names.append(name)
+        gone = sorted(set(live_rows) - set(report.tool_names))
+        if gone:
+            report.removed = await self._sink.delete(gone, config.created_by)
+        if registrations:
+            await self._sink.upsert(registrations)
+        if report.held:
+            logger.warning(
+                "MCP connection %s: changed tool definitions held in testing until approved: %s",
+                config.name,
+                ", ".join(report.held),
+            )
+        return report
+
+    # --- calls ----------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        connection: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        timeout_s: float = 0.0,
+        on_progress: ProgressSink | None = None,
+    ) -> CallOutcome:
+        """Proxy one call. Connection problems raise (NotFound, Unavailable); whatever the tool
+        does — including failing, timing out or answering garbage — is an envelope."""
+        live = self._connections.get(connection)
+        if live is None:
+            raise NotFound(
+                f"no MCP connection named {connection!r}",
+                reason="MCP_CONNECTION_NOT_FOUND",
+                metadata={"connection": connection},
+            )
+        client = live.client()
+        timeout = timeout_s if timeout_s > 0 else self._call_timeout_s
+        transport = "pipe" if live.config.transport == "stdio" else "tcp"
+        attrs = span_attributes(
+            mcp__method__name="tools/call",
+            mcp__session__id=live.session_id,
+            mcp__protocol__version=live.identity.get("protocol_version"),
+            gen_ai__tool__name=tool,
+            gen_ai__operation__name="execute_tool",
+            network__transport=transport,
+            network__protocol__name="http" if transport == "tcp" else None,
+            server__address=live.config.url or None,
+            toolmesh__mcp__connection=connection,
+        )
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            if on_progress is not None:
+                await on_progress(ProgressUpdate(value, total, message))
+
+        started = time.monotonic()
+        with tracer().start_as_current_span(
+            f"tools/call {tool}",
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            # Baggage stays inside the mesh: the SDK injects the current context into _meta.
+            token = otel_context.attach(baggage.clear())
+            try:
+                outcome = await self._invoke(live, client, tool, arguments, timeout, progress)
+            except Unavailable as exc:
+                span.set_attribute("error.type", exc.reason)
+                span.set_status(Status(StatusCode.ERROR, exc.message))
+                record_mcp_operation(
+                    "tools/call",
+                    time.monotonic() - started,
+                    tool=tool,
+                    transport=transport,
+                    error_type=exc.reason,
+                )
+                raise
+            finally:
+                otel_context.detach(token)
+            env = outcome.envelope
+            error_type = ""
+            if isinstance(env, Err):
+                error_type = env.err_kind
+                span.set_attribute("error.type", error_type)
+                span.set_status(Status(StatusCode.ERROR, env.message[:200]))
+        record_mcp_operation(
+            "tools/call",
+            time.monotonic() - started,
+            tool=tool,
+            transport=transport,
+            error_type=error_type,
+        )
+        return outcome
+
+    async def _invoke(
+        self,
+        live: LiveConnection,
+        client: Any,
+        tool: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        progress: Callable[[float, float | None, str | None], Awaitable[None]],
+    ) -> CallOutcome:
+        name = live.config.name
+        try:
+            result = await client.call_tool(
+                tool, arguments, read_timeout_seconds=timeout, progress_callback=progress
+            )
+        except Exception as exc:
+            exc = sdk.leaf_exception(exc)  # type: ignore[assignment]
+            code = getattr(exc, "code", None)
+            kind = type(exc).__name__
+            if kind == "MCPError" and code == sdk.REQUEST_TIMEOUT:
+                return CallOutcome(
+                    Err(
+                        f"MCP tool {tool!r} of {name!r} did not answer within {timeout:g}s "
+                        "(the call was cancelled on the server)",
+                        err_kind="timeout",
+                    )
+                )
+            if (kind == "MCPError" and code == sdk.CONNECTION_CLOSED) or sdk.session_closed(client):
+                live.mark_broken()
+                raise Unavailable(
+                    f"MCP server {name!r} went away during the call to {tool!r}; it is being "
+                    "restarted",
+                    reason="MCP_SERVER_UNAVAILABLE",
+                    metadata={"connection": name},
+                ) from None
+            if kind == "MCPError":
+                return CallOutcome(
+                    Err(f"MCP server {name!r} rejected the call to {tool!r}: {exc}", "mcp_error")
+                )
+            if kind == "ValidationError":
+                first = str(exc).splitlines()
+                return CallOutcome(
+                    Err(
+                        f"MCP server {name!r} returned a malformed result for {tool!r}: "
+                        + " ".join(first[:3]),
+                        err_kind="malformed_result",
+                    )
+                )
+            logger.exception("MCP call %s/%s failed", name, tool)
+            return CallOutcome(
+                Err(f"MCP call {tool!r} of {name!r} failed: {kind}: {exc}", "mcp_error")
+            )
+        envelope = result_to_envelope(
+            result, connection=name, tool=tool, export_dir=self._export_dir
+        )
+        structured = getattr(result, "structured_content", None)
+        return CallOutcome(envelope, structured if isinstance(structured, dict) else None)

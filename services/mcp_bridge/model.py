@@ -1,0 +1,144 @@
+"""Domain types of the MCP bridge: a server's connection config, the tools it lists, what
+Connect / Reconnect report and how a connection looks from outside."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TransportName = Literal["stdio", "streamable_http"]
+ConnectionStateName = Literal["connecting", "connected", "failed", "disconnected"]
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to reach one MCP server. `env` and `headers` may hold secrets: they are stored (the
+    bridge needs them to reconnect) but redacted whenever a config is shown."""
+
+    name: str
+    transport: TransportName
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    url: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    tenant_id: str = "*"
+
+    @property
+    def created_by(self) -> str:
+        """The registry's created_by of this connection's tools."""
+        return f"mcp:{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "args": list(self.args),
+            "env": dict(self.env),
+            "url": self.url,
+            "headers": dict(self.headers),
+        }
+
+    @classmethod
+    def from_json(
+        cls, name: str, transport: str, data: Mapping[str, Any], tenant_id: str
+    ) -> ServerConfig:
+        return cls(
+            name=name,
+            transport="stdio" if transport == "stdio" else "streamable_http",
+            command=str(data.get("command") or ""),
+            args=tuple(str(a) for a in data.get("args") or ()),
+            env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+            url=str(data.get("url") or ""),
+            headers={str(k): str(v) for k, v in (data.get("headers") or {}).items()},
+            tenant_id=tenant_id or "*",
+        )
+
+    def redacted(self) -> ServerConfig:
+        return ServerConfig(
+            name=self.name,
+            transport=self.transport,
+            command=self.command,
+            args=self.args,
+            env={k: REDACTED for k in self.env},
+            url=self.url,
+            headers={k: REDACTED for k in self.headers},
+            tenant_id=self.tenant_id,
+        )
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """One tool as the MCP server lists it."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    annotations: dict[str, Any] | None = None
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredTool:
+    """A tool row as the registry holds it (what the bridge needs for naming and pinning)."""
+
+    name: str
+    created_by: str
+    status: str
+    implementation: str = ""
+    definition_hash: str | None = None
+    deleted: bool = False
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ToolRegistration:
+    """A tool row the bridge asks the registry to store."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    implementation: str
+    created_by: str
+    tenant_id: str
+    status: str
+    definition_hash: str
+    enabled: bool = True
+
+
+@dataclass
+class InventoryReport:
+    """What registering a connection's tool listing did."""
+
+    tool_names: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    """A connection as ListConnections shows it (secrets redacted)."""
+
+    server: ServerConfig
+    state: ConnectionStateName
+    server_name: str = ""
+    server_version: str = ""
+    protocol_version: str = ""
+    tool_names: tuple[str, ...] = ()
+    last_error: str = ""
+    session_id: str = ""
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class ProgressUpdate:
+    """A progress notification of an in-flight call."""
+
+    progress: float
+    total: float | None = None
+    message: str | None = None

@@ -1,0 +1,204 @@
+"""The MCP SDK seam: imported lazily (without it the bridge says what to install and the rest of
+the mesh works), clients built from a ServerConfig, and SDK failures turned into ToolmeshError.
+
+Trace context: the SDK injects W3C `traceparent`/`tracestate` into every request's
+`params._meta`; for streamable HTTP a request hook copies them into the HTTP headers of that
+POST, so an HTTP-instrumented server continues the same trace. Baggage is stripped by the caller
+(see core.py) so it never leaves the mesh."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import DeadlineExceeded, FailedPrecondition, ToolmeshError, Unavailable
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "MCP SDK not installed. Run: pip install 'mcp>=2'"
+# JSON-RPC error codes of the SDK (mcp_types.jsonrpc), kept here so callers need no SDK import.
+CONNECTION_CLOSED = -32000
+REQUEST_TIMEOUT = -32001
+_TRACE_KEYS = ("traceparent", "tracestate")
+SESSION_HEADER = "mcp-session-id"
+
+
+def require_sdk() -> Any:
+    """The `mcp` package, or FailedPrecondition(MCP_SDK_MISSING) saying what to install."""
+    try:
+        import mcp
+        import mcp.client.streamable_http
+    except ImportError as exc:
+        raise FailedPrecondition(
+            f"{INSTALL_HINT} ({exc})", reason="MCP_SDK_MISSING", metadata={"install": "mcp>=2"}
+        ) from None
+    return mcp
+
+
+@dataclass
+class HttpState:
+    """What the HTTP hooks learn about a streamable HTTP session."""
+
+    session_id: str = ""
+
+
+def _copy_trace_headers(request: Any) -> None:
+    """A request hook: the trace context of the JSON-RPC message's `_meta` as W3C headers."""
+    if request.method != "POST":
+        return
+    try:
+        body = json.loads(request.content)
+    except (ValueError, TypeError, AttributeError, RuntimeError):
+        return  # a streamed or non-JSON body carries no _meta we could read
+    messages = body if isinstance(body, list) else [body]
+    for message in messages:
+        params = message.get("params") if isinstance(message, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        for key in _TRACE_KEYS:
+            value = meta.get(key)
+            if isinstance(value, str):
+                request.headers[key] = value
+        return
+
+
+async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState) -> Any:
+    """An entered `mcp.Client` for `config` (a ServerConfig), its resources on `stack`."""
+    mcp = require_sdk()
+    if config.transport == "stdio":
+        if shutil.which(config.command) is None:
+            raise FailedPrecondition(
+                f"MCP server command {config.command!r} not found (not an executable path and "
+                "not on PATH)",
+                reason="MCP_COMMAND_NOT_FOUND",
+                metadata={"connection": config.name, "command": config.command},
+            )
+        params = mcp.StdioServerParameters(
+            command=config.command, args=list(config.args), env=dict(config.env) or None
+        )
+        client = mcp.Client(params, client_info=_client_info(mcp))
+    else:
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        async def on_response(response: Any) -> None:
+            session_id = response.headers.get(SESSION_HEADER)
+            if session_id:
+                http_state.session_id = session_id
+
+        async def on_request(request: Any) -> None:
+            _copy_trace_headers(request)
+
+        http = httpx2.AsyncClient(
+            headers=dict(config.headers),
+            timeout=httpx2.Timeout(30.0, read=300.0),
+            event_hooks={"request": [on_request], "response": [on_response]},
+        )
+        await stack.enter_async_context(http)
+        client = mcp.Client(
+            streamable_http_client(config.url, http_client=http), client_info=_client_info(mcp)
+        )
+    return await stack.enter_async_context(client)
+
+
+def _client_info(mcp: Any) -> Any:
+    return mcp.Implementation(name="toolmesh-mcp-bridge", version="0.1.0")
+
+
+def leaf_exception(exc: BaseException) -> BaseException:
+    """The first non-group exception inside (anyio task groups wrap failures in groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def connect_error(config: Any, exc: BaseException) -> ToolmeshError:
+    """A failure to open a session as an error naming the server and the problem."""
+    exc = leaf_exception(exc)
+    if isinstance(exc, ToolmeshError):
+        return exc
+    where = config.url if config.transport == "streamable_http" else config.command
+    meta = {"connection": config.name, "target": where}
+    if isinstance(exc, TimeoutError):
+        return DeadlineExceeded(
+            f"MCP server {config.name!r} ({where}) did not complete initialize in time",
+            reason="MCP_INITIALIZE_TIMEOUT",
+            metadata=meta,
+        )
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and type(exc).__name__ == "MCPError":
+        if code == CONNECTION_CLOSED:
+            return Unavailable(
+                f"MCP server {config.name!r} ({where}) closed the connection during initialize "
+                "(did the process exit?)",
+                reason="MCP_SERVER_EXITED",
+                metadata=meta,
+            )
+        return FailedPrecondition(
+            f"MCP server {config.name!r} ({where}) refused the handshake: {exc}",
+            reason="MCP_HANDSHAKE_FAILED",
+            metadata=meta,
+        )
+    if type(exc).__name__ == "ValidationError":
+        return FailedPrecondition(
+            f"MCP server {config.name!r} ({where}) sent a malformed response: "
+            + " ".join(str(exc).splitlines()[:3]),
+            reason="MCP_MALFORMED_RESPONSE",
+            metadata=meta,
+        )
+    if isinstance(exc, OSError) or "ConnectError" in type(exc).__name__:
+        return Unavailable(
+            f"cannot reach MCP server {config.name!r} at {where}: {exc or type(exc).__name__}",
+            reason="MCP_SERVER_UNREACHABLE",
+            metadata=meta,
+        )
+    return Unavailable(
+        f"MCP server {config.name!r} ({where}) failed to start a session: "
+        f"{type(exc).__name__}: {exc}",
+        reason="MCP_CONNECT_FAILED",
+        metadata=meta,
+    )
+
+
+def tool_from_sdk(tool: Any) -> dict[str, Any]:
+    """The fields of an SDK Tool the bridge keeps, as plain JSON values."""
+    annotations = getattr(tool, "annotations", None)
+    return {
+        "name": str(tool.name),
+        "title": getattr(tool, "title", None),
+        "description": str(getattr(tool, "description", "") or ""),
+        "input_schema": dict(getattr(tool, "input_schema", None) or {"type": "object"}),
+        "output_schema": getattr(tool, "output_schema", None),
+        "annotations": annotations.model_dump(mode="json", exclude_none=True)
+        if annotations is not None and hasattr(annotations, "model_dump")
+        else None,
+    }
+
+
+def session_closed(client: Any) -> bool:
+    """Whether the client's session has seen its transport end (a crashed stdio server, a
+    dropped HTTP session). Reads the SDK dispatcher's closed flag; False when unknown."""
+    try:
+        dispatcher = getattr(client.session, "_dispatcher", None)
+    except RuntimeError:
+        return True
+    return bool(getattr(dispatcher, "_closed", False))
+
+
+def server_identity(client: Any) -> Mapping[str, str]:
+    info = getattr(client, "server_info", None)
+    try:
+        version = client.protocol_version
+    except RuntimeError:
+        version = ""
+    return {
+        "name": str(getattr(info, "name", "") or ""),
+        "version": str(getattr(info, "version", "") or ""),
+        "protocol_version": str(version or ""),
+    }

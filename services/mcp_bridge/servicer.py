@@ -1,0 +1,179 @@
+"""The MCP bridge's gRPC servicer: converts requests, awaits the core, converts responses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.mcp_bridge.core import McpBridge
+from services.mcp_bridge.model import (
+    ConnectionInfo,
+    InventoryReport,
+    ProgressUpdate,
+    ServerConfig,
+)
+from shared import convert
+from shared.contract import envelope_to_tool_result
+from shared.errors import InvalidArgument
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+
+TRANSPORTS = {mpb.TRANSPORT_STDIO: "stdio", mpb.TRANSPORT_STREAMABLE_HTTP: "streamable_http"}
+TRANSPORT_VALUES = {v: k for k, v in TRANSPORTS.items()}
+STATES = {
+    "connected": mpb.CONNECTION_STATE_CONNECTED,
+    "connecting": mpb.CONNECTION_STATE_CONNECTING,
+    "failed": mpb.CONNECTION_STATE_FAILED,
+    "disconnected": mpb.CONNECTION_STATE_DISCONNECTED,
+}
+
+
+def config_from_pb(m: mpb.ServerConfig) -> ServerConfig:
+    transport = TRANSPORTS.get(m.transport)
+    if transport is None:
+        raise InvalidArgument(
+            "server.transport must be TRANSPORT_STDIO or TRANSPORT_STREAMABLE_HTTP",
+            reason="MCP_CONFIG_INVALID",
+            field_violations=[("server.transport", "unspecified")],
+        )
+    return ServerConfig(
+        name=m.name,
+        transport=transport,  # type: ignore[arg-type]
+        command=m.command,
+        args=tuple(m.args),
+        env=dict(m.env),
+        url=m.url,
+        headers=dict(m.headers),
+        tenant_id=m.tenant_id or "*",
+    )
+
+
+def config_to_pb(c: ServerConfig) -> mpb.ServerConfig:
+    return mpb.ServerConfig(
+        name=c.name,
+        transport=TRANSPORT_VALUES[c.transport],
+        command=c.command,
+        args=list(c.args),
+        env=dict(c.env),
+        url=c.url,
+        headers=dict(c.headers),
+        tenant_id=c.tenant_id,
+    )
+
+
+def connection_to_pb(c: ConnectionInfo) -> mpb.Connection:
+    return mpb.Connection(
+        server=config_to_pb(c.server),
+        state=STATES.get(c.state, mpb.CONNECTION_STATE_UNSPECIFIED),
+        server_name=c.server_name,
+        server_version=c.server_version,
+        protocol_version=c.protocol_version,
+        tool_names=list(c.tool_names),
+        last_error=c.last_error,
+        session_id=c.session_id,
+        restarts=c.restarts,
+    )
+
+
+def _progress_pb(p: ProgressUpdate) -> mpb.CallToolResponse:
+    return mpb.CallToolResponse(
+        progress=mpb.Progress(progress=p.progress, total=p.total or 0.0, message=p.message or "")
+    )
+
+
+def _require_name(name: str, field: str = "name") -> None:
+    if not name:
+        raise InvalidArgument(f"{field} is required", field_violations=[(field, "empty")])
+
+
+class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
+    def __init__(self, core: McpBridge) -> None:
+        self._core = core
+
+    async def Connect(
+        self, request: mpb.ConnectRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.ConnectResponse:
+        report: InventoryReport = await self._core.connect(config_from_pb(request.server))
+        return mpb.ConnectResponse(
+            tools_discovered=len(report.tool_names),
+            tool_names=report.tool_names,
+            renamed=report.renamed,
+            held=report.held,
+        )
+
+    async def Disconnect(
+        self, request: mpb.DisconnectRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.DisconnectResponse:
+        _require_name(request.name)
+        return mpb.DisconnectResponse(removed_tools=await self._core.disconnect(request.name))
+
+    async def Reconnect(
+        self, request: mpb.ReconnectRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.ReconnectResponse:
+        _require_name(request.name)
+        config = config_from_pb(request.server) if request.HasField("server") else None
+        report = await self._core.reconnect(request.name, config)
+        return mpb.ReconnectResponse(
+            added=report.added,
+            removed=report.removed,
+            changed=report.changed,
+            tool_names=report.tool_names,
+            renamed=report.renamed,
+        )
+
+    async def ListConnections(
+        self, request: mpb.ListConnectionsRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.ListConnectionsResponse:
+        return mpb.ListConnectionsResponse(
+            connections=[connection_to_pb(c) for c in self._core.list_connections()]
+        )
+
+    async def CallTool(
+        self, request: mpb.CallToolRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[mpb.CallToolResponse]:
+        _require_name(request.connection, "connection")
+        _require_name(request.tool, "tool")
+        arguments = convert.parse_json_object(request.arguments_json, "arguments_json")
+        updates: asyncio.Queue[ProgressUpdate] = asyncio.Queue()
+
+        async def on_progress(update: ProgressUpdate) -> None:
+            updates.put_nowait(update)
+
+        call = asyncio.ensure_future(
+            self._core.call_tool(
+                request.connection,
+                request.tool,
+                arguments,
+                timeout_s=request.timeout_seconds,
+                on_progress=on_progress,
+            )
+        )
+        waiter: asyncio.Future[ProgressUpdate] | None = None
+        try:
+            while not call.done():
+                waiter = asyncio.ensure_future(updates.get())
+                await asyncio.wait({call, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if waiter.done():
+                    yield _progress_pb(waiter.result())
+                else:
+                    waiter.cancel()
+            while not updates.empty():
+                yield _progress_pb(updates.get_nowait())
+            outcome = call.result()
+        finally:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+            if not call.done():
+                # The caller went away (cancelled or deadline): cancel the call on the session.
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await call
+        result = convert.tool_result_to_pb(envelope_to_tool_result(outcome.envelope))
+        response = mpb.CallToolResponse(result=result)
+        if outcome.structured is not None:
+            response.structured_content_json = convert.dumps(outcome.structured)
+            response.structured_content.CopyFrom(convert.to_struct(outcome.structured))
+        yield response

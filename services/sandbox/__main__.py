@@ -1,0 +1,91 @@
+"""Entry point of the sandbox service: `python -m services.sandbox [--port N]`.
+
+The worker pool's zygote is started first — a fresh interpreter inside bubblewrap with a clean
+environment — and only then the gRPC server, so no worker is ever forked from a process that
+runs gRPC threads or holds the service's environment."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.sandbox.core import LimitCaps, Sandbox
+from services.sandbox.host import WorkerPool
+from services.sandbox.pipeline import JobPipeline, JobWorkers
+from services.sandbox.repository import SqlSandboxRepository
+from services.sandbox.servicer import SandboxServicer
+from shared.config import Settings
+from shared.db.engine import make_engine, session_factory, upgrade
+from shared.llm.client import LlmClientCache
+from shared.llm.config import ModelConfigStore
+from shared.server import (
+    ServiceBinding,
+    create_server,
+    install_stop_signals,
+    serve_until_signalled,
+)
+from shared.service_main import announce_ready, service_main
+from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from toolmesh.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+SERVICE = "sandbox"
+
+
+async def serve(settings: Settings, port: int) -> None:
+    stop = install_stop_signals()
+    pool = WorkerPool(size=settings.sandbox_pool_size)
+    await pool.start()  # before the gRPC server and its threads exist
+    setup_tracing(SERVICE, settings)
+    await asyncio.to_thread(upgrade, settings.database_url)
+    engine = make_engine(settings.database_url)
+    sessions = session_factory(engine)
+    repo = SqlSandboxRepository(sessions)
+    caps = LimitCaps(
+        wall_seconds=settings.sandbox_wall_s,
+        cpu_seconds=settings.sandbox_cpu_s,
+        memory_bytes=settings.sandbox_memory_mb * 1024 * 1024,
+        output_bytes=settings.sandbox_output_bytes,
+        max_tool_calls=settings.sandbox_max_tool_calls,
+    )
+    core = Sandbox(pool, caps=caps)
+    llm_clients = LlmClientCache(ModelConfigStore(sessions))
+    workers = JobWorkers(
+        JobPipeline(repo, core, llm_clients.for_role), count=settings.sandbox_job_workers
+    )
+    servicer = SandboxServicer(
+        core,
+        repo,
+        registry_address=settings.address("registry"),
+        tracing=settings.tracing,
+        on_job_submitted=workers.wake,
+    )
+    server, bound, health = await create_server(
+        [
+            ServiceBinding(
+                sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
+                servicer,
+                sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
+            )
+        ],
+        host=settings.host,
+        port=port,
+        tracing=settings.tracing,
+    )
+    workers.start()
+    announce_ready(SERVICE, f"{settings.host}:{bound}")
+
+    async def on_stop() -> None:
+        await workers.stop()
+        await llm_clients.aclose()
+        await pool.close()
+        engine.dispose()
+        shutdown_tracing()
+
+    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+
+
+def main() -> None:
+    service_main(SERVICE, serve)
+
+
+if __name__ == "__main__":
+    main()

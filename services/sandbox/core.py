@@ -1,0 +1,231 @@
+"""The sandbox's domain core: run a custom tool once (pre-check, a fresh isolated worker, nested
+call_tool calls through the caller's registry channel) and turn whatever happened into a
+ToolResult; and the manual lifecycle of custom tools. Imports no grpc."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jsonschema
+import pandas as pd
+
+from services.sandbox import precheck
+from services.sandbox.host import Limits, RunOutcome
+from shared.arrow_ipc import dataframe_to_ipc, ipc_to_dataframe
+from shared.contract import (
+    Err,
+    Hint,
+    Ok,
+    ToolResult,
+    envelope_to_tool_result,
+    measure_schema,
+)
+from shared.errors import InvalidArgument, ToolmeshError
+from shared.telemetry.tracing import tracer
+
+logger = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+# call_tool(name, inputs) -> ToolResult, raising ToolmeshError for RPC-level failures.
+NestedCaller = Callable[[str, dict[str, Any]], Awaitable[ToolResult]]
+
+
+class Runner(Protocol):
+    """What runs code in isolation (the WorkerPool)."""
+
+    async def run(
+        self,
+        *,
+        code: str,
+        inputs: dict[str, Any],
+        tool_name: str,
+        limits: Limits,
+        df_ipc: bytes | None = None,
+        on_call_tool: Any = None,
+    ) -> RunOutcome: ...
+
+
+@dataclass
+class Execution:
+    """The outcome of one Execute."""
+
+    result: ToolResult
+    execution_ms: float
+    tool_calls: int
+
+
+@dataclass(frozen=True)
+class LimitCaps:
+    """Service defaults, which are also the most a request may ask for."""
+
+    wall_seconds: float = 30.0
+    cpu_seconds: float = 10.0
+    memory_bytes: int = 512 * 1024 * 1024
+    output_bytes: int = 1024 * 1024
+    max_tool_calls: int = 16
+
+    def resolve(
+        self,
+        wall_seconds: float = 0,
+        cpu_seconds: float = 0,
+        memory_bytes: int = 0,
+        output_bytes: int = 0,
+        max_tool_calls: int = 0,
+    ) -> Limits:
+        """Zero takes the default; anything over the cap is lowered to it."""
+
+        def pick(asked: float, cap: float) -> float:
+            return cap if asked <= 0 else min(asked, cap)
+
+        return Limits(
+            wall_seconds=pick(wall_seconds, self.wall_seconds),
+            cpu_seconds=pick(cpu_seconds, self.cpu_seconds),
+            memory_bytes=int(pick(memory_bytes, self.memory_bytes)),
+            output_bytes=int(pick(output_bytes, self.output_bytes)),
+            max_tool_calls=int(pick(max_tool_calls, self.max_tool_calls)),
+        )
+
+
+class Sandbox:
+    """Execute custom tools. One instance per sandbox process."""
+
+    def __init__(self, runner: Runner, *, caps: LimitCaps | None = None) -> None:
+        self._runner = runner
+        self.caps = caps or LimitCaps()
+
+    async def execute(
+        self,
+        *,
+        tool_name: str,
+        code: str,
+        inputs: dict[str, Any],
+        limits: Limits,
+        df: pd.DataFrame | None = None,
+        caller: NestedCaller | None = None,
+    ) -> Execution:
+        problem = precheck.check(code)
+        if problem is not None:
+            envelope: Hint | Err = (
+                Hint("schema", f"custom tool {tool_name!r}: {problem.message}")
+                if problem.syntax
+                else Err(f"custom tool {tool_name!r} refused: {problem.message}", "code_rejected")
+            )
+            return Execution(envelope_to_tool_result(envelope), 0.0, 0)
+        nested_cost = [0.0]
+
+        async def on_call_tool(
+            name: str, call_inputs: dict[str, Any]
+        ) -> tuple[dict[str, Any], bytes | None]:
+            if caller is None:
+                return {"ok": False, "kind": "err", "error": "call_tool is unavailable"}, None
+            with tracer().start_as_current_span(
+                "sandbox.call_tool", attributes={"gen_ai.tool.name": name}
+            ):
+                try:
+                    nested = await caller(name, call_inputs)
+                except ToolmeshError as exc:
+                    return {
+                        "ok": False,
+                        "kind": "err",
+                        "code": exc.code,
+                        "reason": exc.reason,
+                        "error": exc.message,
+                        "content": "",
+                    }, None
+            nested_cost[0] += nested.cost
+            return nested_reply(nested)
+
+        with tracer().start_as_current_span(
+            "sandbox.execute", attributes={"gen_ai.tool.name": tool_name}
+        ) as span:
+            outcome = await self._runner.run(
+                code=code,
+                inputs=inputs,
+                tool_name=tool_name,
+                limits=limits,
+                df_ipc=dataframe_to_ipc(df) if df is not None else None,
+                on_call_tool=on_call_tool,
+            )
+            span.set_attribute("toolmesh.sandbox.tool_calls", outcome.tool_calls)
+            if not outcome.ok:
+                span.set_attribute("error.type", outcome.error_kind)
+        result = outcome_to_result(tool_name, outcome)
+        result.cost += nested_cost[0]
+        return Execution(result, outcome.execution_ms, outcome.tool_calls)
+
+
+def nested_reply(result: ToolResult) -> tuple[dict[str, Any], bytes | None]:
+    """A nested tool's result as the dict `call_tool` returns inside the sandbox."""
+    env = result.envelope
+    kind = "hint" if isinstance(env, Hint) else "err" if isinstance(env, Err) else "ok"
+    if env is None and result.error:
+        kind = "err"
+    reply: dict[str, Any] = {
+        "ok": kind == "ok",
+        "kind": kind,
+        "content": result.content_as_data(),
+        "error": result.error,
+        "cost": result.cost,
+        "data": None,
+    }
+    table: pd.DataFrame | None = None
+    if isinstance(env, Ok):
+        if isinstance(env.data, pd.DataFrame):
+            table = env.data
+        elif env.data is not None:
+            reply["data"] = json.loads(json.dumps(env.data, default=str))
+    if table is None and result.datasets:
+        first = next(iter(result.datasets.values()))
+        table = first if isinstance(first, pd.DataFrame) else None
+    return reply, dataframe_to_ipc(table) if table is not None else None
+
+
+def outcome_to_result(tool_name: str, outcome: RunOutcome) -> ToolResult:
+    if not outcome.ok:
+        return envelope_to_tool_result(
+            Err(f"custom tool {tool_name!r}: {outcome.message}", outcome.error_kind)
+        )
+    if outcome.form == "table" and outcome.table_ipc is not None:
+        df = ipc_to_dataframe(outcome.table_ipc)
+        envelope = Ok(rows=len(df), schema=measure_schema(df), data=df)
+        return ToolResult(content=outcome.content, envelope=envelope)
+    if outcome.form == "response" and outcome.response is not None:
+        try:
+            return ToolResult.from_any(outcome.response)
+        except (TypeError, ValueError) as exc:
+            return envelope_to_tool_result(
+                Err(f"custom tool {tool_name!r} returned a bad response: {exc}", "bad_result")
+            )
+    return ToolResult(content=outcome.content, envelope=Ok(data=None))
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+
+
+def validate_definition(name: str, code: str, input_schema: dict[str, Any], tenant_id: str) -> None:
+    """A custom tool's definition, checked before it is stored (INVALID_ARGUMENT otherwise)."""
+    violations: list[tuple[str, str]] = []
+    if not NAME_RE.match(name):
+        violations.append(("tool.name", "must match [a-zA-Z0-9_-]{1,64}"))
+    if not tenant_id:
+        violations.append(("tool.tenant_id", "a custom tool belongs to a tenant (or '*')"))
+    problem = precheck.check(code)
+    if problem is not None:
+        violations.append(("tool.implementation", problem.message))
+    try:
+        cls = jsonschema.validators.validator_for(input_schema, jsonschema.Draft202012Validator)
+        cls.check_schema(input_schema)
+    except jsonschema.SchemaError as exc:
+        violations.append(("tool.input_schema_json", f"not a valid JSON Schema: {exc.message}"))
+    if violations:
+        raise InvalidArgument(
+            f"invalid custom tool {name!r}: " + "; ".join(f"{f}: {d}" for f, d in violations),
+            reason="INVALID_TOOL_DEFINITION",
+            field_violations=violations,
+        )

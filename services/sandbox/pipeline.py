@@ -1,0 +1,304 @@
+"""The self-extending tool pipeline: a queued `tool_jobs` row becomes a custom tool.
+
+    queued ──claim──▶ building (ToolBuilder asks the LLM for name, schema, code, tests)
+           ──▶ testing (ToolAuditor runs every test in the sandbox, then asks the LLM to review)
+           ──▶ approved | rejected (bad output, failing tests, a reject verdict)
+             | failed (no LLM, the database or the sandbox is down)
+
+Workers claim jobs safely when several run at once (see SqlSandboxRepository.claim_job). The
+LLM is reached through shared.llm (model and max_output_tokens from the role's config)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from services.sandbox.core import NAME_RE, Sandbox, validate_definition
+from services.sandbox.repository import CustomTool, Job, SqlSandboxRepository
+from shared.errors import InvalidArgument, ToolmeshError
+from shared.llm.client import LLMClient
+from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
+from shared.llm.prompts import TOOL_AUDITOR_SYSTEM, TOOL_BUILDER_SYSTEM
+from shared.telemetry.tracing import tracer
+
+logger = logging.getLogger(__name__)
+
+MAX_TESTS = 6
+LlmForRole = Callable[[str], LLMClient]
+
+
+class BuildRejected(Exception):
+    """The built tool is not acceptable; the message is the rejection reason."""
+
+
+@dataclass
+class Built:
+    """What ToolBuilder produced."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    code: str
+    tests: list[dict[str, Any]]
+
+
+def parse_json_reply(text: str) -> dict[str, Any]:
+    """The one JSON object of a model reply (code fences and prose around it tolerated)."""
+    fenced = re.search(r"```(?:json)?\s*(\{.*\})\s*```", text, re.DOTALL)
+    candidate = fenced.group(1) if fenced else text[text.find("{") : text.rfind("}") + 1]
+    try:
+        obj = json.loads(candidate)
+    except json.JSONDecodeError as exc:
+        raise BuildRejected(f"the model's reply is not a JSON object: {exc.msg}") from None
+    if not isinstance(obj, dict):
+        raise BuildRejected("the model's reply is not a JSON object")
+    return obj
+
+
+def parse_built(obj: dict[str, Any], proposed_name: str) -> Built:
+    name = proposed_name or str(obj.get("name") or "")
+    code, schema = obj.get("code"), obj.get("input_schema") or {"type": "object"}
+    tests = obj.get("tests") or []
+    if not NAME_RE.match(name):
+        raise BuildRejected(f"the tool name {name!r} is not valid ([a-zA-Z0-9_-]{{1,64}})")
+    if not isinstance(code, str) or not code.strip():
+        raise BuildRejected("the build has no code")
+    if not isinstance(schema, dict):
+        raise BuildRejected("input_schema is not a JSON object")
+    if not isinstance(tests, list) or not tests:
+        raise BuildRejected("the build has no tests")
+    clean: list[dict[str, Any]] = []
+    for test in tests[:MAX_TESTS]:
+        if not isinstance(test, dict) or not isinstance(test.get("inputs", {}), dict):
+            raise BuildRejected("every test needs an `inputs` object")
+        clean.append({"inputs": test.get("inputs") or {}, "expect": str(test.get("expect", ""))})
+    return Built(name, str(obj.get("description") or ""), schema, code, clean)
+
+
+class ToolBuilder:
+    """Asks the tool_builder model for a tool."""
+
+    def __init__(self, llm: LlmForRole) -> None:
+        self._llm = llm
+
+    async def build(self, request: str, proposed_name: str) -> tuple[Built, float]:
+        client = self._llm(ROLE_TOOL_BUILDER)
+        ask = f"Build this tool: {request}"
+        if proposed_name:
+            ask += f"\nName it {proposed_name!r}."
+        reply = await client.complete(
+            [{"role": "user", "content": ask}], system=TOOL_BUILDER_SYSTEM
+        )
+        return parse_built(parse_json_reply(reply.text), proposed_name), reply.cost_usd
+
+
+class ToolAuditor:
+    """Runs a built tool's tests in the sandbox, then asks the tool_auditor model to review."""
+
+    def __init__(self, sandbox: Sandbox, llm: LlmForRole) -> None:
+        self._sandbox = sandbox
+        self._llm = llm
+
+    async def run_tests(self, built: Built) -> dict[str, Any]:
+        limits = self._sandbox.caps.resolve()
+        outcomes = []
+        for test in built.tests:
+            execution = await self._sandbox.execute(
+                tool_name=built.name, code=built.code, inputs=test["inputs"], limits=limits
+            )
+            content, error = execution.result.content, execution.result.error
+            passed = error is None and test["expect"] in content
+            if error is None and not passed:
+                error = f"expected the result to contain {test['expect']!r}"
+            outcomes.append(
+                {
+                    "inputs": test["inputs"],
+                    "expect": test["expect"],
+                    "passed": passed,
+                    "output": content[:2000],
+                    "error": error,
+                }
+            )
+        passed_count = sum(1 for o in outcomes if o["passed"])
+        return {"tests": outcomes, "passed": passed_count, "total": len(outcomes)}
+
+    async def review(
+        self, request: str, built: Built, results: dict[str, Any]
+    ) -> tuple[str, str, float]:
+        client = self._llm(ROLE_TOOL_AUDITOR)
+        summary = json.dumps(
+            {
+                "request": request,
+                "name": built.name,
+                "description": built.description,
+                "input_schema": built.input_schema,
+                "code": built.code,
+                "test_results": results,
+            }
+        )
+        reply = await client.complete(
+            [{"role": "user", "content": summary}], system=TOOL_AUDITOR_SYSTEM
+        )
+        verdict = parse_json_reply(reply.text)
+        decision = str(verdict.get("verdict", "")).lower()
+        return decision, str(verdict.get("reason", ""))[:2000], reply.cost_usd
+
+
+class JobPipeline:
+    """Processes claimed jobs end to end."""
+
+    def __init__(self, repo: SqlSandboxRepository, sandbox: Sandbox, llm: LlmForRole) -> None:
+        self._repo = repo
+        self._builder = ToolBuilder(llm)
+        self._auditor = ToolAuditor(sandbox, llm)
+
+    async def run_once(self) -> Job | None:
+        """Claim one queued job and take it to a final state; None when there was none."""
+        job = await asyncio.to_thread(self._repo.claim_job)
+        if job is None:
+            return None
+        with tracer().start_as_current_span(
+            "sandbox.build_job", attributes={"toolmesh.job.id": job.id}
+        ):
+            try:
+                return await self._process(job)
+            except Exception as exc:  # a job never stays claimed by a bug
+                logger.exception("build job %s failed unexpectedly", job.id)
+                return await self._update(
+                    job,
+                    status="failed",
+                    progress_pct=100,
+                    result={"error": f"internal error: {type(exc).__name__}"},
+                )
+
+    async def _process(self, job: Job) -> Job:
+        request = str(job.spec.get("request", ""))
+        cost = 0.0
+        built: Built | None = None
+        try:
+            built, cost = await self._builder.build(request, job.tool_name)
+            validate_definition(built.name, built.code, built.input_schema, job.tenant_id)
+            tool = await asyncio.to_thread(
+                self._repo.register,
+                CustomTool(
+                    name=built.name,
+                    implementation=built.code,
+                    tenant_id=job.tenant_id,
+                    description=built.description,
+                    input_schema=built.input_schema,
+                    created_by="builder_agent",
+                ),
+            )
+            await self._update(job, status="testing", progress_pct=60, tool_name=tool.name)
+            await asyncio.to_thread(
+                self._repo.record_audit,
+                tool.name,
+                status="testing",
+                test_results=None,
+                rejection_reason=None,
+            )
+            results = await self._auditor.run_tests(built)
+            if results["passed"] != results["total"]:
+                raise BuildRejected(
+                    f"{results['total'] - results['passed']} of {results['total']} tests failed",
+                    results,
+                )
+            decision, reason, review_cost = await self._auditor.review(request, built, results)
+            cost += review_cost
+            if decision != "approve":
+                raise BuildRejected(f"the auditor rejected the tool: {reason}", results)
+            await asyncio.to_thread(
+                self._repo.record_audit,
+                built.name,
+                status="approved",
+                test_results=results,
+                rejection_reason=None,
+            )
+            return await self._update(
+                job,
+                status="approved",
+                progress_pct=100,
+                result={
+                    "tool_name": built.name,
+                    "description": built.description,
+                    "test_results": results,
+                    "review": reason,
+                    "cost_usd": cost,
+                },
+            )
+        except (BuildRejected, InvalidArgument) as exc:
+            reason = exc.message if isinstance(exc, ToolmeshError) else str(exc.args[0])
+            failed_results: dict[str, Any] | None = (
+                exc.args[1] if isinstance(exc, BuildRejected) and len(exc.args) > 1 else None
+            )
+            if built is not None:
+                with contextlib.suppress(ToolmeshError):
+                    await asyncio.to_thread(
+                        self._repo.record_audit,
+                        built.name,
+                        status="rejected",
+                        test_results=failed_results,
+                        rejection_reason=reason,
+                    )
+            return await self._update(
+                job,
+                status="rejected",
+                progress_pct=100,
+                result={"error": reason, "test_results": failed_results, "cost_usd": cost},
+            )
+        except ToolmeshError as exc:
+            logger.warning("build job %s failed: %s", job.id, exc.message)
+            return await self._update(
+                job,
+                status="failed",
+                progress_pct=100,
+                result={"error": exc.message, "reason": exc.reason, "cost_usd": cost},
+            )
+
+    async def _update(self, job: Job, **values: Any) -> Job:
+        return await asyncio.to_thread(self._repo.update_job, job.id, **values)
+
+
+class JobWorkers:
+    """Background workers of one sandbox process: claim and run jobs until stopped; woken at
+    once by a submission in this process, else polling for other replicas' submissions."""
+
+    def __init__(self, pipeline: JobPipeline, *, count: int = 1, poll_s: float = 2.0) -> None:
+        self._pipeline = pipeline
+        self._count = count
+        self._poll_s = poll_s
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self._count)]
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                job = await self._pipeline.run_once()
+            except ToolmeshError as exc:
+                logger.warning("job worker: %s", exc.message)
+                job = None
+            if job is not None:
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

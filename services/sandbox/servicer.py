@@ -1,0 +1,256 @@
+"""The sandbox's gRPC servicer: converts requests, awaits the core, converts responses; and the
+per-execution registry channel that a custom tool's call_tool goes through."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from services.sandbox.core import NAME_RE, Sandbox, validate_definition
+from services.sandbox.repository import CustomTool, Job, SqlSandboxRepository
+from shared import convert
+from shared.arrow_ipc import ipc_to_dataframe
+from shared.clients import open_channel, traced_call
+from shared.contract import ToolResult
+from shared.errors import InvalidArgument
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.sandbox.v1 import sandbox_pb2 as spb
+from toolmesh.sandbox.v1 import sandbox_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+JOB_STATUS_VALUES = {
+    "queued": spb.JOB_STATUS_QUEUED,
+    "building": spb.JOB_STATUS_BUILDING,
+    "testing": spb.JOB_STATUS_TESTING,
+    "approved": spb.JOB_STATUS_APPROVED,
+    "rejected": spb.JOB_STATUS_REJECTED,
+    "failed": spb.JOB_STATUS_FAILED,
+}
+JOB_TYPE_VALUES = {
+    "build": spb.JOB_TYPE_BUILD,
+    "audit": spb.JOB_TYPE_AUDIT,
+    "rebuild": spb.JOB_TYPE_REBUILD,
+}
+
+
+class RegistryChannel:
+    """call_tool of one execution: the caller's context (tenant, user, conversation,
+    capabilities) one level deeper, on a channel opened on first use and closed when the
+    execution ends. The worker never sees or chooses the context."""
+
+    def __init__(self, address: str, context: pb.CallContext, tracing: bool) -> None:
+        self._address = address
+        self._context = context
+        self._tracing = tracing
+        self._channel: grpc.aio.Channel | None = None
+
+    async def __call__(self, name: str, inputs: dict[str, Any]) -> ToolResult:
+        if self._channel is None:
+            self._channel = open_channel(self._address)
+        stub = registry_pb2_grpc.RegistryServiceStub(self._channel)
+        ctx = pb.CallContext()
+        ctx.CopyFrom(self._context)
+        ctx.depth = self._context.depth + 1
+        ctx.parent_tool_use_id = self._context.tool_use_id
+        ctx.reasoning = ""
+        response = await traced_call(
+            stub.ExecuteTool,
+            rpb.ExecuteToolRequest(name=name, input_json=convert.dumps(inputs), context=ctx),
+            span_name="toolmesh.registry.v1.RegistryService/ExecuteTool",
+            peer_service="registry",
+            tracing=self._tracing,
+        )
+        return convert.tool_result_from_pb(response.result)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+def tool_to_pb(t: CustomTool) -> pb.ToolDefinition:
+    msg = pb.ToolDefinition(
+        id=t.id,
+        name=t.name,
+        description=t.description,
+        input_schema_json=convert.dumps(t.input_schema),
+        implementation=t.implementation,
+        tool_type=pb.TOOL_TYPE_CUSTOM,
+        status=convert.STATUS_VALUES.get(t.status, pb.TOOL_STATUS_UNSPECIFIED),
+        enabled=t.enabled,
+        category=t.category,
+        dependencies=list(t.dependencies),
+        version=t.version,
+        tenant_id=t.tenant_id,
+        created_by=t.created_by,
+        rejection_reason=t.rejection_reason or "",
+        test_results_json=convert.dumps(t.test_results) if t.test_results else "",
+        required_capabilities=list(t.required_capabilities),
+        timeout_seconds=t.timeout_seconds or 0.0,
+    )
+    for name, value in (("created_at", t.created_at), ("updated_at", t.updated_at)):
+        ts = convert.to_timestamp(value)
+        if ts is not None:
+            getattr(msg, name).CopyFrom(ts)
+    return msg
+
+
+def job_to_pb(j: Job) -> spb.Job:
+    msg = spb.Job(
+        id=j.id,
+        tool_name=j.tool_name,
+        job_type=JOB_TYPE_VALUES.get(j.job_type, spb.JOB_TYPE_UNSPECIFIED),
+        status=JOB_STATUS_VALUES.get(j.status, spb.JOB_STATUS_UNSPECIFIED),
+        spec_json=convert.dumps(j.spec),
+        result_json=convert.dumps(j.result) if j.result is not None else "",
+        progress_pct=j.progress_pct,
+        tenant_id=j.tenant_id,
+        conversation_id=j.conversation_id or "",
+    )
+    for name, value in (("created_at", j.created_at), ("updated_at", j.updated_at)):
+        ts = convert.to_timestamp(value)
+        if ts is not None:
+            getattr(msg, name).CopyFrom(ts)
+    return msg
+
+
+class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
+    def __init__(
+        self,
+        core: Sandbox,
+        repo: SqlSandboxRepository,
+        *,
+        registry_address: str,
+        tracing: bool,
+        on_job_submitted: Any = None,
+    ) -> None:
+        self._core = core
+        self._repo = repo
+        self._registry_address = registry_address
+        self._tracing = tracing
+        self._on_job_submitted = on_job_submitted
+
+    async def Execute(
+        self, request: spb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ExecuteResponse:
+        if len(request.input_json) > MAX_INPUT_BYTES:
+            raise InvalidArgument(
+                f"input_json is over the {MAX_INPUT_BYTES}-byte limit",
+                reason="INPUT_TOO_LARGE",
+                field_violations=[("input_json", "too large")],
+            )
+        inputs = convert.parse_json_object(request.input_json or "{}", "input_json")
+        df = None
+        if request.HasField("df") and request.df.arrow_ipc:
+            try:
+                df = await asyncio.to_thread(ipc_to_dataframe, request.df.arrow_ipc)
+            except (ValueError, OSError) as exc:
+                raise InvalidArgument(
+                    f"df is not an Arrow IPC stream: {exc}",
+                    field_violations=[("df.arrow_ipc", "not Arrow IPC")],
+                ) from None
+        lim = request.limits
+        limits = self._core.caps.resolve(
+            lim.wall_seconds,
+            lim.cpu_seconds,
+            lim.memory_bytes,
+            lim.output_bytes,
+            lim.max_tool_calls,
+        )
+        caller = (
+            RegistryChannel(self._registry_address, request.context, self._tracing)
+            if self._registry_address
+            else None
+        )
+        try:
+            execution = await self._core.execute(
+                tool_name=request.tool_name,
+                code=request.code,
+                inputs=inputs,
+                limits=limits,
+                df=df,
+                caller=caller,
+            )
+        finally:
+            if caller is not None:
+                await caller.close()
+        return spb.ExecuteResponse(
+            result=convert.tool_result_to_pb(execution.result),
+            execution_ms=execution.execution_ms,
+            tool_calls=execution.tool_calls,
+        )
+
+    async def RegisterCustomTool(
+        self, request: spb.RegisterCustomToolRequest, context: grpc.aio.ServicerContext
+    ) -> spb.RegisterCustomToolResponse:
+        m = request.tool
+        if m.tool_type not in (pb.TOOL_TYPE_UNSPECIFIED, pb.TOOL_TYPE_CUSTOM):
+            raise InvalidArgument(
+                "RegisterCustomTool registers custom tools only",
+                field_violations=[("tool.tool_type", "must be TOOL_TYPE_CUSTOM")],
+            )
+        schema = convert.parse_json_object(
+            m.input_schema_json or '{"type": "object"}', "tool.input_schema_json"
+        )
+        validate_definition(m.name, m.implementation, schema, m.tenant_id)
+        tool = CustomTool(
+            name=m.name,
+            implementation=m.implementation,
+            tenant_id=m.tenant_id,
+            description=m.description,
+            input_schema=schema,
+            enabled=True,
+            category=m.category or "general",
+            created_by=m.created_by or "user",
+            required_capabilities=list(m.required_capabilities),
+            timeout_seconds=m.timeout_seconds or None,
+            dependencies=list(m.dependencies),
+        )
+        stored = await asyncio.to_thread(self._repo.register, tool)
+        return spb.RegisterCustomToolResponse(tool=tool_to_pb(stored))
+
+    async def SubmitBuildJob(
+        self, request: spb.SubmitBuildJobRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SubmitBuildJobResponse:
+        violations = []
+        if not request.request.strip():
+            violations.append(("request", "describe the tool to build"))
+        if len(request.request) > 8000:
+            violations.append(("request", "at most 8000 characters"))
+        if not request.context.tenant_id:
+            violations.append(("context.tenant_id", "required"))
+        if request.tool_name and not NAME_RE.match(request.tool_name):
+            violations.append(("tool_name", "must match [a-zA-Z0-9_-]{1,64}"))
+        if violations:
+            raise InvalidArgument(
+                "invalid build job: " + "; ".join(f"{f} {d}" for f, d in violations),
+                field_violations=violations,
+            )
+        job = await asyncio.to_thread(
+            self._repo.create_job,
+            tenant_id=request.context.tenant_id,
+            tool_name=request.tool_name,
+            spec={"request": request.request, "tool_name": request.tool_name},
+            conversation_id=request.context.conversation_id,
+        )
+        if self._on_job_submitted is not None:
+            self._on_job_submitted()
+        return spb.SubmitBuildJobResponse(job=job_to_pb(job))
+
+    async def GetJob(
+        self, request: spb.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetJobResponse:
+        if not request.id:
+            raise InvalidArgument("id is required", field_violations=[("id", "empty")])
+        job = await asyncio.to_thread(self._repo.get_job, request.id, request.tenant_id)
+        return spb.GetJobResponse(job=job_to_pb(job))
+
+    async def ListJobs(
+        self, request: spb.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.ListJobsResponse:
+        jobs = await asyncio.to_thread(self._repo.list_jobs, request.tenant_id, request.limit or 50)
+        return spb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])

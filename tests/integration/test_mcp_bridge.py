@@ -1,0 +1,548 @@
+"""MCP tools through the real mesh: dispatcher -> registry -> mcp_bridge -> a real MCP server
+(server-everything over stdio and streamable HTTP, our raw test server), as one trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from shared.launcher import start_service
+from shared.rpc_errors import from_rpc_error
+from shared.telemetry.collector import MemorySpanSink, ReceivedSpan
+from tests.conftest import BACKENDS, fresh_database_url
+from tests.integration.conftest import Mesh, start_mesh
+from tests.mcp_servers.install import NotInstallable, server_everything
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.type.v1 import types_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+RAW = [sys.executable, "-m", "tests.mcp_servers.raw_server"]
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.05)
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def everything_cmd() -> list[str]:
+    try:
+        return server_everything()
+    except NotInstallable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def everything_http(everything_cmd: list[str]) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*everything_cmd, "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        assert proc.poll() is None, "server-everything (streamableHttp) exited"
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def http_probe() -> Iterator[str]:
+    """Our streamable HTTP server that answers with the headers and _meta it received."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_servers.http_probe_server", str(port)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        assert proc.poll() is None, "http_probe_server exited"
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def mcp_mesh(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: tuple[MemorySpanSink, int],
+) -> Iterator[Mesh]:
+    tmp = tmp_path_factory.mktemp(f"mcp-{request.param}")
+    url = fresh_database_url(request, request.param, str(tmp))
+    sink, collector_port = collector
+    port = free_port()
+    catalog = tmp / "mcp_catalog.json"
+    catalog.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "rawcat",
+                    "description": "The raw test server, from the catalog.",
+                    "transport": "stdio",
+                    "command": RAW[0],
+                    "args": RAW[1:],
+                }
+            ]
+        )
+    )
+    extra_env = {
+        "TOOLMESH_MCP_BRIDGE_ADDR": f"127.0.0.1:{port}",
+        "TOOLMESH_MCP_CATALOG": str(catalog),
+        "TOOLMESH_MCP_RESTART_BACKOFF_S": "0.2",
+        "PYTHONPATH": ROOT,
+    }
+    mesh = start_mesh(request.param, url, tmp, sink, collector_port, extra_env=extra_env)
+    try:
+        mesh.processes["mcp_bridge"] = start_service("mcp_bridge", env=mesh.env, port=port)
+    except Exception:
+        mesh.close()
+        raise
+    yield mesh
+    mesh.close()
+
+
+def bridge(mesh: Mesh) -> mcp_bridge_pb2_grpc.McpBridgeServiceStub:
+    channel = grpc.insecure_channel(mesh.address("mcp_bridge"))
+    mesh.channels.append(channel)
+    return mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel)
+
+
+def stdio(name: str, command: list[str], *args: str) -> mpb.ConnectRequest:
+    return mpb.ConnectRequest(
+        server=mpb.ServerConfig(
+            name=name, transport=mpb.TRANSPORT_STDIO, command=command[0], args=[*command[1:], *args]
+        )
+    )
+
+
+def connected(mesh: Mesh, name: str) -> mpb.Connection | None:
+    for c in bridge(mesh).ListConnections(mpb.ListConnectionsRequest()).connections:
+        if c.server.name == name and c.state == mpb.CONNECTION_STATE_CONNECTED:
+            return c
+    return None
+
+
+@pytest.fixture(scope="module")
+def everything(mcp_mesh: Mesh, everything_cmd: list[str]) -> mpb.ConnectResponse:
+    return bridge(mcp_mesh).Connect(stdio("everything", everything_cmd, "stdio"), timeout=60)
+
+
+def dispatch(
+    mesh: Mesh, name: str, arguments: dict[str, Any], *, conversation: str, metadata: Any = None
+) -> dpb.DispatchToolCallResponse:
+    return mesh.dispatcher.DispatchToolCall(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name=name, input_json=json.dumps(arguments)),
+            context=pb.CallContext(
+                tenant_id="tenant-a", user_id="tester", conversation_id=conversation
+            ),
+        ),
+        metadata=metadata,
+        timeout=60,
+    )
+
+
+def trace_of(mesh: Mesh, conversation: str, tool: str) -> list[ReceivedSpan]:
+    """Every span of the conversation's last call, once each process's spans of it arrived
+    (each exports on its own schedule)."""
+    entry = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id=conversation, limit=1)
+    ).entries[0]
+    for name in (
+        "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall",
+        f"execute_tool {entry.tool_name}",
+        "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool",
+        f"tools/call {tool}",
+    ):
+        mesh.spans.wait_for_sync(
+            lambda s, name=name: s.trace_id == entry.trace_id and s.name == name, timeout=20
+        )
+    return mesh.spans.spans(entry.trace_id)
+
+
+def test_mcp_everything_echo_goes_through_the_mesh_and_back_as_one_trace(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    assert everything.tools_discovered == len(everything.tool_names) > 0
+    assert "mcp_everything_echo" in everything.tool_names
+    response = dispatch(mcp_mesh, "mcp_everything_echo", {"message": "hi"}, conversation="mcp-1")
+    assert response.result.envelope.WhichOneof("kind") == "ok"
+    assert json.loads(response.result.envelope.ok.data_json) == "Echo: hi"
+    assert response.result.cost_usd == 0
+    spans = trace_of(mcp_mesh, "mcp-1", "echo")
+    services = {s.service_name for s in spans}
+    assert {"toolmesh-dispatcher", "toolmesh-registry", "toolmesh-mcp_bridge"} <= services
+    by_id = {s.span_id: s for s in spans}
+    mcp_span = next(s for s in spans if s.name == "tools/call echo")
+    assert mcp_span.kind == "CLIENT"
+    assert mcp_span.attributes["mcp.method.name"] == "tools/call"
+    assert mcp_span.attributes["gen_ai.tool.name"] == "echo"
+    assert mcp_span.attributes["network.transport"] == "pipe"
+    # The MCP client span descends from the registry's execute_tool span through the bridge.
+    chain = []
+    cursor = mcp_span
+    while cursor.parent_span_id in by_id:
+        cursor = by_id[cursor.parent_span_id]
+        chain.append(cursor.name)
+    assert "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool" in chain
+    assert "execute_tool mcp_everything_echo" in chain
+    assert cursor.name == "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall"
+
+
+def test_images_structured_content_and_resources_map_into_the_result(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    image = dispatch(mcp_mesh, "mcp_everything_get-tiny-image", {}, conversation="mcp-2")
+    cards = [dict(c) for c in image.result.envelope.ok.effects.cards]
+    assert any(c["type"] == "image" and c["mime_type"] == "image/png" for c in cards)
+    assert image.result.envelope.ok.effects.exports[0].mime_type == "image/png"
+    weather = dispatch(
+        mcp_mesh,
+        "mcp_everything_get-structured-content",
+        {"location": "New York"},
+        conversation="mcp-2",
+    )
+    data = json.loads(weather.result.envelope.ok.data_json)
+    assert isinstance(data["temperature"], int)
+    resource = dispatch(
+        mcp_mesh,
+        "mcp_everything_get-resource-reference",
+        {"resourceType": "Text", "resourceId": 1},
+        conversation="mcp-2",
+    )
+    kinds = [dict(c)["type"] for c in resource.result.envelope.ok.effects.cards]
+    assert "resource" in kinds
+
+
+def test_progress_notifications_stream_through_call_tool(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    messages = list(
+        bridge(mcp_mesh).CallTool(
+            mpb.CallToolRequest(
+                connection="everything",
+                tool="trigger-long-running-operation",
+                arguments_json=json.dumps({"duration": 1, "steps": 3}),
+            ),
+            timeout=60,
+        )
+    )
+    kinds = [m.WhichOneof("event") for m in messages]
+    assert kinds[-1] == "result" and kinds.count("result") == 1
+    progress = [m.progress for m in messages if m.HasField("progress")]
+    assert len(progress) >= 2 and progress[-1].total == 3
+    assert "completed" in messages[-1].result.content
+
+
+def test_progress_reaches_a_streaming_dispatch_caller(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    messages = list(
+        mcp_mesh.dispatcher.DispatchToolCallStream(
+            dpb.DispatchToolCallStreamRequest(
+                tool_use=pb.ToolUse(
+                    id="mcp-progress",
+                    name="mcp_everything_trigger-long-running-operation",
+                    input_json=json.dumps({"duration": 1, "steps": 3}),
+                ),
+                context=pb.CallContext(tenant_id="tenant-a", conversation_id="mcp-stream"),
+            ),
+            timeout=60,
+        )
+    )
+    progress = [m.progress for m in messages if m.WhichOneof("event") == "progress"]
+    assert len(progress) >= 2
+    assert all(p.tool_use_id == "mcp-progress" for p in progress)
+    assert progress[-1].fraction == pytest.approx(1.0)
+    assert messages[-1].WhichOneof("event") == "result"
+    assert "completed" in messages[-1].result.result.content
+
+
+def test_streamable_http_connection_calls_over_tcp(mcp_mesh: Mesh, everything_http: str) -> None:
+    response = bridge(mcp_mesh).Connect(
+        mpb.ConnectRequest(
+            server=mpb.ServerConfig(
+                name="everything_http",
+                transport=mpb.TRANSPORT_STREAMABLE_HTTP,
+                url=everything_http,
+                headers={"X-Api-Key": "secret"},
+            )
+        ),
+        timeout=60,
+    )
+    assert "mcp_everything_http_echo" in response.tool_names
+    result = dispatch(mcp_mesh, "mcp_everything_http_echo", {"message": "h"}, conversation="mcp-3")
+    assert json.loads(result.result.envelope.ok.data_json) == "Echo: h"
+    conn = connected(mcp_mesh, "everything_http")
+    assert conn is not None and conn.session_id
+    assert conn.server.headers["X-Api-Key"] == "***"
+    spans = trace_of(mcp_mesh, "mcp-3", "echo")
+    mcp_span = next(s for s in spans if s.name == "tools/call echo")
+    assert mcp_span.attributes["network.transport"] == "tcp"
+    assert mcp_span.attributes["mcp.session.id"] == conn.session_id
+
+
+def test_trace_context_reaches_the_server_in_meta_but_baggage_does_not(mcp_mesh: Mesh) -> None:
+    bridge(mcp_mesh).Connect(stdio("raw", RAW), timeout=60)
+    response = dispatch(
+        mcp_mesh,
+        "mcp_raw_meta",
+        {},
+        conversation="mcp-4",
+        metadata=(("baggage", "toolmesh.tenant_id=tenant-a,secret=do-not-leak"),),
+    )
+    meta = json.loads(json.loads(response.result.envelope.ok.data_json))
+    entry = mcp_mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="mcp-4", limit=1)
+    ).entries[0]
+    assert meta["traceparent"].split("-")[1] == entry.trace_id
+    assert "baggage" not in meta
+
+
+def test_streamable_http_carries_w3c_trace_headers_and_no_baggage(
+    mcp_mesh: Mesh, http_probe: str
+) -> None:
+    bridge(mcp_mesh).Connect(
+        mpb.ConnectRequest(
+            server=mpb.ServerConfig(
+                name="probe", transport=mpb.TRANSPORT_STREAMABLE_HTTP, url=http_probe
+            )
+        ),
+        timeout=60,
+    )
+    response = dispatch(
+        mcp_mesh,
+        "mcp_probe_probe",
+        {},
+        conversation="mcp-4h",
+        metadata=(("baggage", "toolmesh.tenant_id=tenant-a,secret=do-not-leak"),),
+    )
+    data = json.loads(response.result.envelope.ok.data_json)
+    seen = json.loads(data["result"])
+    entry = mcp_mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="mcp-4h", limit=1)
+    ).entries[0]
+    assert seen["headers"]["traceparent"].split("-")[1] == entry.trace_id
+    assert seen["headers"]["traceparent"] == seen["meta"]["traceparent"]
+    assert "baggage" not in seen["headers"] and "baggage" not in seen["meta"]
+    spans = trace_of(mcp_mesh, "mcp-4h", "probe")
+    mcp_span = next(s for s in spans if s.name == "tools/call probe")
+    assert mcp_span.attributes["network.transport"] == "tcp"
+
+
+def test_a_failing_tool_is_an_err_result_not_an_rpc_error(mcp_mesh: Mesh) -> None:
+    wait_for(lambda: connected(mcp_mesh, "raw"))
+    failed = dispatch(mcp_mesh, "mcp_raw_fail", {}, conversation="mcp-5")
+    assert failed.result.envelope.err.err_kind == "tool_error"
+    assert "widget is broken" in failed.result.content
+    bad = dispatch(mcp_mesh, "mcp_raw_malformed", {}, conversation="mcp-5")
+    assert bad.result.envelope.err.err_kind == "malformed_result"
+    spans = trace_of(mcp_mesh, "mcp-5", "malformed")
+    span = next(s for s in spans if s.name == "tools/call malformed")
+    assert span.attributes["error.type"] == "malformed_result"
+    assert span.status_code == "ERROR"
+
+
+def test_cancelling_the_conversation_cancels_the_request_on_the_mcp_session(
+    mcp_mesh: Mesh, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers"
+    bridge(mcp_mesh).Connect(stdio("hanger", RAW, "--marker-dir", str(markers)), timeout=60)
+    future = mcp_mesh.dispatcher.DispatchToolCall.future(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name="mcp_hanger_hang", input_json="{}"),
+            context=pb.CallContext(tenant_id="tenant-a", conversation_id="mcp-cancel"),
+        ),
+        timeout=60,
+    )
+    wait_for(lambda: list(markers.glob("hang-*")))
+    cancelled = mcp_mesh.dispatcher.Cancel(
+        dpb.CancelRequest(conversation_id="mcp-cancel", tenant_id="tenant-a")
+    )
+    assert cancelled.cancelled_calls == 1
+    assert future.result(timeout=10).result.envelope.err.err_kind == "cancelled"
+    wait_for(lambda: list(markers.glob("cancelled-*")), timeout=10)
+
+
+def test_a_changed_tool_is_held_until_approved_through_set_tool_status(
+    mcp_mesh: Mesh, tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    tool = {"name": "widget", "description": "v1", "inputSchema": {"type": "object"}}
+    inventory.write_text(json.dumps([tool]))
+    stub = bridge(mcp_mesh)
+    stub.Connect(stdio("inv", RAW, "--inventory", str(inventory)), timeout=60)
+    inventory.write_text(json.dumps([{**tool, "description": "v2", "version": 2}]))
+    report = stub.Reconnect(mpb.ReconnectRequest(name="inv"), timeout=60)
+    assert list(report.changed) == ["mcp_inv_widget"]
+    held = dispatch(mcp_mesh, "mcp_inv_widget", {}, conversation="mcp-6")
+    assert held.result.envelope.err.err_kind == "tool_not_approved"
+    mcp_mesh.registry.SetToolStatus(
+        rpb.SetToolStatusRequest(name="mcp_inv_widget", status=pb.TOOL_STATUS_APPROVED)
+    )
+    approved = wait_for(
+        lambda: (
+            (
+                r := dispatch(mcp_mesh, "mcp_inv_widget", {}, conversation="mcp-6b")
+            ).result.envelope.WhichOneof("kind")
+            == "ok"
+            and r
+        )
+    )
+    assert json.loads(approved.result.envelope.ok.data_json) == "widget v2"
+
+
+def test_bad_connections_fail_clearly_and_disconnect_reaps_every_process(mcp_mesh: Mesh) -> None:
+    stub = bridge(mcp_mesh)
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.Connect(stdio("missing", ["no-such-mcp-server-xyz"]), timeout=60)
+    assert missing.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert from_rpc_error(missing.value).reason == "MCP_COMMAND_NOT_FOUND"
+    with pytest.raises(grpc.RpcError) as unspecified:
+        stub.Connect(mpb.ConnectRequest(server=mpb.ServerConfig(name="x")), timeout=60)
+    assert unspecified.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bridge_pid = mcp_mesh.processes["mcp_bridge"].process.pid
+    before = children_of(bridge_pid)
+    for _ in range(5):
+        stub.Connect(stdio("cycle", RAW), timeout=60)
+        assert len(children_of(bridge_pid) - before) == 1
+        removed = stub.Disconnect(mpb.DisconnectRequest(name="cycle"), timeout=60)
+        assert "mcp_cycle_echo" in removed.removed_tools
+    assert children_of(bridge_pid) - before == set()
+    with pytest.raises(grpc.RpcError) as gone:
+        dispatch(mcp_mesh, "mcp_cycle_echo", {"message": "x"}, conversation="mcp-7")
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_model_can_search_the_catalog_and_install_a_server(mcp_mesh: Mesh) -> None:
+    found = dispatch(mcp_mesh, "search_mcp_marketplace", {"query": "raw"}, conversation="mcp-9")
+    assert [e["name"] for e in json.loads(found.result.envelope.ok.data_json)] == ["rawcat"]
+    installed = dispatch(mcp_mesh, "install_mcp_server", {"name": "rawcat"}, conversation="mcp-9")
+    data = json.loads(installed.result.envelope.ok.data_json)
+    assert "mcp_rawcat_echo" in data["tool_names"]
+    echoed = dispatch(mcp_mesh, "mcp_rawcat_echo", {"message": "cat"}, conversation="mcp-9b")
+    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: cat"
+    unknown = dispatch(mcp_mesh, "install_mcp_server", {"name": "rowcat"}, conversation="mcp-9c")
+    assert unknown.result.envelope.WhichOneof("kind") == "hint"
+
+
+def test_the_cli_connects_lists_reconnects_and_disconnects(mcp_mesh: Mesh) -> None:
+    def toolmesh(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shared.cli.main",
+                "mcp",
+                *args,
+                "--bridge",
+                mcp_mesh.address("mcp_bridge"),
+            ],
+            env=mcp_mesh.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    connect = toolmesh(
+        "connect", "clitool", "--command", RAW[0], "--arg=-m", f"--arg={RAW[2]}", "--env", "T=abc"
+    )
+    assert connect.returncode == 0, connect.stderr
+    assert "mcp_clitool_echo" in connect.stdout
+    listed = toolmesh("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    conns = {c["server"]["name"]: c for c in json.loads(listed.stdout)["connections"]}
+    assert conns["clitool"]["state"] == "CONNECTION_STATE_CONNECTED"
+    assert conns["clitool"]["server"]["env"] == {"T": "***"}
+    assert toolmesh("reconnect", "clitool").returncode == 0
+    assert toolmesh("disconnect", "clitool").returncode == 0
+    again = toolmesh("disconnect", "clitool")
+    assert again.returncode == 2 and "MCP_CONNECTION_NOT_FOUND" in again.stderr
+    bad = toolmesh("connect", "both", "--command", "x", "--url", "http://x")
+    assert bad.returncode == 2 and "exactly one" in bad.stderr
+
+
+def test_a_restarted_bridge_re_establishes_its_stored_connections(mcp_mesh: Mesh) -> None:
+    bridge(mcp_mesh).Connect(stdio("keep", RAW), timeout=60)
+    old = mcp_mesh.processes.pop("mcp_bridge")
+    port = int(old.address.rsplit(":", 1)[1])
+    old.stop()
+    # While the bridge is down the registry answers UNAVAILABLE, not a hang.
+    with pytest.raises(grpc.RpcError) as down:
+        dispatch(mcp_mesh, "mcp_keep_echo", {"message": "x"}, conversation="mcp-8")
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+    mcp_mesh.processes["mcp_bridge"] = start_service("mcp_bridge", env=mcp_mesh.env, port=port)
+    wait_for(lambda: connected(mcp_mesh, "keep"))
+
+    def echo_back() -> dpb.DispatchToolCallResponse | None:
+        try:
+            return dispatch(mcp_mesh, "mcp_keep_echo", {"message": "back"}, conversation="mcp-8b")
+        except grpc.RpcError as exc:  # the registry's channel may still be in reconnect backoff
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return None
+
+    again = wait_for(echo_back)
+    assert again.result.envelope.WhichOneof("kind") == "ok", again.result.content
+    assert json.loads(again.result.envelope.ok.data_json) == "Echo: back"

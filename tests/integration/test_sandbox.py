@@ -1,0 +1,364 @@
+"""Custom tools end to end: registry and dispatcher and a sandbox process on 127.0.0.1, the
+registry routing tool_type="custom" to sandbox.Execute, nested call_tool calls coming back
+through the registry with the caller's context."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from shared.cli.main import main as toolmesh
+from shared.launcher import start_service
+from shared.telemetry.collector import MemorySpanSink
+from tests.conftest import BACKENDS, fresh_database_url
+from tests.integration.conftest import Mesh, start_mesh
+from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.sandbox.v1 import sandbox_pb2 as spb
+from toolmesh.sandbox.v1 import sandbox_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def fake_llm() -> Iterator[FakeAnthropic]:
+    with running_fake() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def smesh(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: tuple[MemorySpanSink, int],
+    fake_llm: FakeAnthropic,
+) -> Iterator[Mesh]:
+    """The mesh plus a sandbox process the registry routes custom tools to."""
+    tmp = tmp_path_factory.mktemp(f"sandbox-{request.param}")
+    url = fresh_database_url(request, request.param, str(tmp))
+    sink, port = collector
+    sandbox_port = _free_port()
+    extra = {
+        "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}",
+        "TOOLMESH_SANDBOX_WALL_S": "10",
+        "TOOLMESH_SANDBOX_CPU_S": "5",
+        "TOOLMESH_TOOL_CACHE_TTL_S": "0",
+        "TOOLMESH_SECRET_FOR_TEST": "do-not-leak-4242",
+        "ANTHROPIC_API_KEY": "test-key",
+        "ANTHROPIC_BASE_URL": fake_llm.base_url,
+    }
+    m = start_mesh(request.param, url, tmp, sink, port, extra_env=extra)
+    try:
+        m.processes["sandbox"] = start_service("sandbox", env=m.env, port=sandbox_port)
+    except Exception:
+        m.close()
+        raise
+    yield m
+    m.close()
+
+
+def sandbox(m: Mesh) -> sandbox_pb2_grpc.SandboxServiceStub:
+    return sandbox_pb2_grpc.SandboxServiceStub(m._channel("sandbox"))
+
+
+def register(
+    m: Mesh, name: str, code: str, tenant: str = "tenant-a", schema: dict | None = None
+) -> pb.ToolDefinition:
+    response = sandbox(m).RegisterCustomTool(
+        spb.RegisterCustomToolRequest(
+            tool=pb.ToolDefinition(
+                name=name,
+                description=f"custom tool {name}",
+                implementation=code,
+                input_schema_json=json.dumps(schema or {"type": "object"}),
+                tenant_id=tenant,
+            )
+        ),
+        timeout=30,
+    )
+    return response.tool
+
+
+def approve(m: Mesh, name: str) -> None:
+    m.registry.SetToolStatus(
+        rpb.SetToolStatusRequest(name=name, status=pb.TOOL_STATUS_APPROVED), timeout=30
+    )
+
+
+def add(m: Mesh, name: str, code: str, tenant: str = "tenant-a", **kw: object) -> None:
+    register(m, name, code, tenant, **kw)  # type: ignore[arg-type]
+    approve(m, name)
+
+
+def kind(response: object) -> str:
+    return response.result.envelope.WhichOneof("kind")  # type: ignore[attr-defined]
+
+
+def test_a_registered_tool_is_a_draft_until_approved_then_runs(smesh: Mesh) -> None:
+    tool = register(
+        smesh,
+        "shout",
+        "result = inputs['text'].upper() + '!'",
+        schema={"type": "object", "properties": {"text": {"type": "string"}}},
+    )
+    assert tool.status == pb.TOOL_STATUS_DRAFT and tool.version == 1
+    refused = smesh.call("shout", '{"text": "hi"}')
+    assert refused.result.envelope.err.err_kind == "tool_not_approved"
+    approve(smesh, "shout")
+    response = smesh.call("shout", '{"text": "hi"}')
+    assert kind(response) == "ok", response.result.content
+    assert response.result.content == "HI!"
+    names = [
+        t.name
+        for t in smesh.registry.GetToolsForLLM(
+            rpb.GetToolsForLLMRequest(tenant_id="tenant-a")
+        ).tools
+    ]
+    assert "shout" in names
+    other = [
+        t.name
+        for t in smesh.registry.GetToolsForLLM(
+            rpb.GetToolsForLLMRequest(tenant_id="tenant-b")
+        ).tools
+    ]
+    assert "shout" not in other
+    again = register(smesh, "shout", "result = inputs['text'].lower()")
+    assert again.version == 2 and again.status == pb.TOOL_STATUS_DRAFT
+
+
+def test_benign_programs_return_correct_results(smesh: Mesh) -> None:
+    loaded = smesh.call(
+        "load_dataset", '{"path": "people.csv", "name": "people"}', conversation="c1"
+    )
+    assert kind(loaded) == "ok", loaded.result.content
+    add(
+        smesh,
+        "city_counts",
+        "counts = df.groupby('city', as_index=False).agg(n=('id', 'count'))\n"
+        "result = counts.sort_values('city').reset_index(drop=True)",
+    )
+    response = smesh.call("city_counts", "{}", conversation="c1")
+    assert kind(response) == "ok", response.result.content
+    table = response.result.envelope.ok
+    assert table.rows >= 4 and "London" in response.result.content
+    add(
+        smesh,
+        "words",
+        "class Counter:\n    def __init__(self, text):\n        self.words = text.split()\n"
+        "result = {'message': ' '.join(sorted(w.lower() for w in Counter(inputs['s']).words)),"
+        " 'cards': [{'n': len(inputs['s'])}]}",
+    )
+    words = smesh.call("words", '{"s": "b A c"}')
+    # A dict with `message` is a full response: its message and cards reach the model.
+    assert words.result.content.splitlines()[-1] == "a b c", words.result.content
+    assert list(words.result.cards[0].fields) == ["n"]
+    add(smesh, "spread", "result = float(np.array(inputs['xs']).std())")
+    assert smesh.call("spread", '{"xs": [1, 1, 1]}').result.content == "0.0"
+
+
+def test_call_tool_composes_and_unknown_tools_come_back_as_results(smesh: Mesh) -> None:
+    add(
+        smesh,
+        "echo_twice",
+        "a = call_tool('ping', {'echo': {'n': 1}})\n"
+        "b = call_tool('no_such_tool', {})\n"
+        "result = {'message': 'ok', 'first': a['ok'], 'missing': b['code'], 'err': b['kind']}",
+    )
+    response = smesh.call("echo_twice")
+    assert kind(response) == "ok", response.result.content
+    assert response.result.content.splitlines()[-1] == "ok"
+    add(
+        smesh,
+        "echo_report",
+        "a = call_tool('ping', {'echo': {'n': 1}})\nb = call_tool('no_such_tool', {})\n"
+        "result = str(a['ok']) + ' ' + b['code'] + ' ' + b['kind']",
+    )
+    assert smesh.call("echo_report").result.content == "True NOT_FOUND err"
+
+
+def test_another_tenants_tool_is_unreachable_through_call_tool(smesh: Mesh) -> None:
+    add(smesh, "b_secret", "result = 'tenant b data'", tenant="tenant-b")
+    assert smesh.call("b_secret", tenant="tenant-b").result.content == "tenant b data"
+    add(
+        smesh,
+        "a_snoop",
+        "r = call_tool('b_secret', {})\nresult = r['kind'] + ':' + str(r.get('code'))",
+    )
+    assert smesh.call("a_snoop").result.content == "err:NOT_FOUND"
+    with pytest.raises(grpc.RpcError) as info:
+        smesh.call("b_secret")  # tenant-a directly: unknown, and not even suggested
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "b_secret" not in (info.value.details() or "").partition("did you mean")[2]
+
+
+def test_bad_code_is_a_hint_or_an_err_the_model_can_act_on(smesh: Mesh) -> None:
+    stub = sandbox(smesh)
+    bad = stub.Execute(spb.ExecuteRequest(tool_name="t", code="x = (1,\n", input_json="{}"))
+    assert bad.result.envelope.hint.hint_kind == pb.HINT_KIND_SCHEMA
+    assert "line" in bad.result.envelope.hint.message
+    none = stub.Execute(spb.ExecuteRequest(tool_name="t", code="x = 1", input_json="{}"))
+    assert none.result.envelope.err.err_kind == "no_result"
+    big = stub.Execute(
+        spb.ExecuteRequest(
+            tool_name="t",
+            code="result = 'x' * 100000",
+            input_json="{}",
+            limits=spb.ExecutionLimits(output_bytes=1000),
+        )
+    )
+    assert big.result.envelope.err.err_kind == "output_limit"
+    with pytest.raises(grpc.RpcError) as info:
+        register(smesh, "broken", "def f(:\n")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_service_keeps_serving_while_one_execution_misbehaves(smesh: Mesh) -> None:
+    stub = sandbox(smesh)
+    results: dict[str, object] = {}
+
+    def spin() -> None:
+        results["spin"] = stub.Execute(
+            spb.ExecuteRequest(
+                tool_name="spin",
+                code="while True:\n    pass",
+                input_json="{}",
+                limits=spb.ExecutionLimits(wall_seconds=4, cpu_seconds=2),
+            ),
+            timeout=60,
+        )
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    quick = stub.Execute(spb.ExecuteRequest(tool_name="q", code="result = 41 + 1"), timeout=30)
+    assert quick.result.content == "42"
+    thread.join(60)
+    spun = results["spin"]
+    assert spun.result.envelope.err.err_kind in ("cpu_limit", "timeout")  # type: ignore[attr-defined]
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Execute(
+            spb.ExecuteRequest(tool_name="slow", code="while True:\n    pass"), timeout=1.0
+        )
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    after = stub.Execute(spb.ExecuteRequest(tool_name="q", code="result = 'alive'"), timeout=30)
+    assert after.result.content == "alive"
+
+
+def test_hostile_code_through_the_service_is_refused_or_contained(smesh: Mesh) -> None:
+    stub = sandbox(smesh)
+    refused = stub.Execute(
+        spb.ExecuteRequest(tool_name="t", code="result = ().__class__.__base__.__subclasses__()")
+    )
+    assert refused.result.envelope.err.err_kind == "code_rejected"
+    # A format-string walk gets past the AST check; it still finds nothing to leak.
+    leak = stub.Execute(
+        spb.ExecuteRequest(
+            tool_name="t",
+            code="result = '{0.__class__.__base__.__subclasses__}'.format(()) + "
+            "str(len(repr(inputs)))",
+        )
+    )
+    assert kind(leak) == "ok"
+    assert "do-not-leak-4242" not in leak.result.content
+    read = stub.Execute(
+        spb.ExecuteRequest(tool_name="t", code="result = pd.read_csv('/proc/1/environ')")
+    )
+    assert read.result.envelope.err.err_kind == "execution_error"
+    assert "do-not-leak-4242" not in read.result.content
+
+
+def test_the_cli_adds_approves_and_builds_tools(
+    smesh: Mesh,
+    fake_llm: FakeAnthropic,
+    tmp_path: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TOOLMESH_SANDBOX_ADDR", smesh.address("sandbox"))
+    monkeypatch.setenv("TOOLMESH_REGISTRY_ADDR", smesh.address("registry"))
+    code = tmp_path / "double.py"  # type: ignore[operator]
+    code.write_text("result = inputs['n'] * 2\n")
+    schema = tmp_path / "double.json"  # type: ignore[operator]
+    schema.write_text(
+        json.dumps(
+            {
+                "description": "Doubles n.",
+                "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            }
+        )
+    )
+    args = ["--code", str(code), "--schema", str(schema), "--tenant", "tenant-a"]
+    assert toolmesh(["tools", "add", *args]) == 0
+    assert "registered double v1 (draft)" in capsys.readouterr().out
+    assert toolmesh(["tools", "approve", "double"]) == 0
+    assert smesh.call("double", '{"n": 21}').result.content == "42"
+    assert toolmesh(["tools", "reject", "double", "--reason", "no"]) == 0
+    assert smesh.call("double", '{"n": 21}').result.envelope.err.err_kind == "tool_not_approved"
+    assert toolmesh(["tools", "--tenant", "tenant-a"]) == 0  # the plain listing still works
+
+    build = {
+        "name": "triple",
+        "description": "Triples n.",
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+        "code": "result = inputs.get('n', 0) * 3",
+        "tests": [{"inputs": {"n": 2}, "expect": "6"}],
+    }
+    fake_llm.script(
+        Reply(text=json.dumps(build)), Reply(text='{"verdict": "approve", "reason": "fine"}')
+    )
+    capsys.readouterr()
+    status = toolmesh(
+        ["jobs", "build", "triple a number", "--tenant", "tenant-a", "--wait", "60", "--json"]
+    )
+    job = json.loads(capsys.readouterr().out)
+    assert status == 0 and job["status"] == "JOB_STATUS_APPROVED", job
+    assert smesh.call("triple", '{"n": 5}').result.content == "15"
+    assert toolmesh(["jobs", "list", "--tenant", "tenant-a"]) == 0
+    assert job["id"] in capsys.readouterr().out
+    assert toolmesh(["jobs", "show", job["id"], "--tenant", "tenant-b"]) == 2  # not theirs
+
+
+def test_nested_calls_are_traced_and_costed_under_the_parent_call(smesh: Mesh) -> None:
+    add(
+        smesh,
+        "ask_twice",
+        "a = call_tool('call_llm', {'prompt': 'one'})\n"
+        "b = call_tool('ping', {'echo': {'n': 2}})\n"
+        "result = a['kind'] + ' ' + b['kind']",
+    )
+    response = smesh.call("ask_twice", tool_use_id="tu-nested")
+    assert response.result.content == "ok ok", response.result.content
+    assert response.result.cost_usd > 0  # the nested LLM call's cost rolls up to the parent
+    (root,) = smesh.spans.wait_for_sync(
+        lambda s: (
+            s.name == "execute_tool ask_twice"
+            and s.attributes.get("gen_ai.tool.call.id") == "tu-nested"
+        ),
+        timeout=15,
+    )
+    (nested,) = smesh.spans.wait_for_sync(
+        lambda s: s.name == "execute_tool call_llm" and s.trace_id == root.trace_id, timeout=15
+    )
+    smesh.spans.wait_for_sync(
+        lambda s: s.name == "sandbox.call_tool" and s.trace_id == root.trace_id,
+        timeout=15,
+        count=2,
+    )
+    by_id = {s.span_id: s for s in smesh.spans.spans(root.trace_id)}
+    chain, span = [], nested
+    while span.parent_span_id in by_id:
+        span = by_id[span.parent_span_id]
+        chain.append(span.name)
+    assert "sandbox.call_tool" in chain and "sandbox.execute" in chain
+    assert chain.index("sandbox.execute") < chain.index("execute_tool ask_twice")

@@ -1,0 +1,204 @@
+"""A hand-written MCP server speaking JSON-RPC over stdio, so tests control every byte: it can
+crash, hang, start slowly, never answer initialize, change its inventory between starts and
+answer with malformed content. Run: python -m tests.mcp_servers.raw_server [options].
+
+Options:
+  --never-init        read requests but never answer (a server that never completes initialize)
+  --slow-start S      sleep S seconds before serving
+  --inventory FILE    JSON list of extra tools ({"name", "description", "inputSchema"}), read at
+                      start, each answering "<name> v<version>" where version is the tool's
+                      "version" key (default 1)
+  --marker-dir DIR    write `start-<pid>` at start, `hang-<request id>` when a hang begins and
+                      `cancelled-<request id>` when it is cancelled, so tests can count starts
+                      and observe cancellation
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TINY_PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d4944415478da63f8ffff3f0005fe02fea7d6a4f40000000049454e44ae426082"
+    )
+).decode()
+
+BUILTIN_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "echo",
+        "description": "Echo a message.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"message": {"type": "string"}},
+            "required": ["message"],
+        },
+    },
+    {
+        "name": "meta",
+        "description": "Return the request's _meta as JSON text.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "hang",
+        "description": "Never answer (until cancelled).",
+        "inputSchema": {"type": "object"},
+    },
+    {"name": "crash", "description": "Exit the process.", "inputSchema": {"type": "object"}},
+    {
+        "name": "malformed",
+        "description": "Answer with content the protocol does not allow.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "bad_base64",
+        "description": "Answer with an image whose data is not base64.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "fail",
+        "description": "Answer with isError.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "image",
+        "description": "Answer with a tiny PNG and a text.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "a.very.long.tool.name.that.goes.on.and.on.past.the.sixty.four.character.limit",
+        "description": "A tool whose name is over 64 characters.",
+        "inputSchema": {"type": "object"},
+    },
+    {"name": "dup.name", "description": "Becomes dup_name.", "inputSchema": {"type": "object"}},
+    {"name": "dup_name", "description": "Already dup_name.", "inputSchema": {"type": "object"}},
+]
+
+_out_lock = threading.Lock()
+_cancelled: dict[Any, threading.Event] = {}
+
+
+def send(message: dict[str, Any]) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def result(request_id: Any, value: dict[str, Any]) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, "result": value})
+
+
+def error(request_id: Any, code: int, message: str) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+def text(value: str, is_error: bool = False) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": value}], "isError": is_error}
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.extra: list[dict[str, Any]] = []
+        if args.inventory:
+            self.extra = json.loads(Path(args.inventory).read_text())
+        self.marker = Path(args.marker_dir) if args.marker_dir else None
+        if self.marker is not None:
+            self.marker.mkdir(parents=True, exist_ok=True)
+            (self.marker / f"start-{os.getpid()}").write_text("")
+
+    def tools(self) -> list[dict[str, Any]]:
+        extra = [{k: v for k, v in t.items() if k != "version"} for t in self.extra]
+        return BUILTIN_TOOLS + extra
+
+    def call(self, request_id: Any, params: dict[str, Any]) -> None:
+        name = params.get("name")
+        arguments = params.get("arguments") or {}
+        if name == "echo":
+            result(request_id, text(f"Echo: {arguments.get('message', '')}"))
+        elif name == "meta":
+            result(request_id, text(json.dumps(params.get("_meta") or {})))
+        elif name == "hang":
+            if self.marker is not None:
+                (self.marker / f"hang-{request_id}").write_text("")
+            event = _cancelled.setdefault(request_id, threading.Event())
+            event.wait(600)
+            if self.marker is not None:
+                (self.marker / f"cancelled-{request_id}").write_text("")
+        elif name == "crash":
+            os._exit(3)
+        elif name == "malformed":
+            result(request_id, {"content": [{"type": "image"}], "isError": "perhaps"})
+        elif name == "bad_base64":
+            data = {"type": "image", "data": "!!not base64!!", "mimeType": "image/png"}
+            result(request_id, {"content": [data]})
+        elif name == "fail":
+            result(request_id, text("the widget is broken", is_error=True))
+        elif name == "image":
+            png = {"type": "image", "data": TINY_PNG, "mimeType": "image/png"}
+            result(request_id, {"content": [{"type": "text", "text": "a pixel"}, png]})
+        else:
+            for tool in self.extra:
+                if tool["name"] == name:
+                    result(request_id, text(f"{name} v{tool.get('version', 1)}"))
+                    return
+            result(request_id, text(f"unknown tool {name}", is_error=True))
+
+    def handle(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        request_id = message.get("id")
+        params = message.get("params") or {}
+        if request_id is None:  # a notification
+            if method == "notifications/cancelled":
+                event = _cancelled.setdefault(params.get("requestId"), threading.Event())
+                event.set()
+            return
+        if method == "initialize":
+            result(
+                request_id,
+                {
+                    "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                    "capabilities": {"tools": {"listChanged": False}},
+                    "serverInfo": {"name": "raw-test-server", "version": "1.0"},
+                },
+            )
+        elif method == "tools/list":
+            result(request_id, {"tools": self.tools()})
+        elif method == "tools/call":
+            threading.Thread(target=self.call, args=(request_id, params), daemon=True).start()
+        elif method == "ping":
+            result(request_id, {})
+        else:
+            error(request_id, -32601, f"method not found: {method}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--never-init", action="store_true")
+    parser.add_argument("--slow-start", type=float, default=0.0)
+    parser.add_argument("--inventory", default="")
+    parser.add_argument("--marker-dir", default="")
+    args = parser.parse_args()
+    if args.slow_start:
+        time.sleep(args.slow_start)
+    server = Server(args)
+    for line in sys.stdin:
+        if args.never_init or not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        server.handle(message)
+
+
+if __name__ == "__main__":
+    main()
