@@ -147,6 +147,9 @@ def bwrap_command(bwrap: str, config: dict[str, Any]) -> list[str]:
             cmd += ["--ro-bind", target, target]
     if os.path.exists("/etc/ld.so.cache"):
         cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    # The private /tmp first: a Python install or virtualenv that lives under /tmp (a CI
+    # checkout, say) is then bound on top of it, not hidden by it.
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in config["read_paths"]:
         if not path.startswith("/usr") and path != "/etc/ld.so.cache":
             cmd += ["--ro-bind", path, path]
@@ -154,12 +157,6 @@ def bwrap_command(bwrap: str, config: dict[str, Any]) -> list[str]:
         "--ro-bind",
         str(WORKER_FILE),
         f"{SANDBOX_DIR}/worker.py",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
         "--chdir",
         "/tmp",
     ]
@@ -237,13 +234,21 @@ class WorkerPool:
         try:
             await asyncio.wait_for(asyncio.shield(self._zygote_ready), self._start_timeout_s)
         except TimeoutError:
-            if self._proc is not None:
-                self._proc.kill()
+            await self._reap_zygote()
             raise Unavailable(
                 f"sandbox zygote not ready after {self._start_timeout_s:.0f}s",
                 reason="SANDBOX_UNAVAILABLE",
             ) from None
+        except BaseException:
+            await self._reap_zygote()  # no zombie bwrap when start-up fails
+            raise
         logger.info("sandbox zygote started (bwrap pid %d)", self._proc.pid if self._proc else 0)
+
+    async def _reap_zygote(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            await asyncio.to_thread(self._proc.wait)
 
     def _popen_zygote(self) -> socket.socket:
         """Start bwrap + the zygote (fork+exec, never a bare fork of this process) with an

@@ -92,7 +92,11 @@ def test_a_call_without_a_known_key_is_unauthenticated(authed: Callers) -> None:
 def test_the_tenant_is_the_keys_whatever_the_request_claims(authed: Callers, mesh: Mesh) -> None:
     response = authed.stub("key-a").DispatchToolCall(
         request(
-            "ping", {"echo": 1}, tenant="auth-b", conversation="claim", tool_use_id="toolu_claim"
+            "ping",
+            {"echo": 1},
+            tenant="auth-b",
+            conversation="claim",
+            tool_use_id="toolu_claim_" + mesh.backend,
         ),
         timeout=30,
     )
@@ -100,7 +104,7 @@ def test_the_tenant_is_the_keys_whatever_the_request_claims(authed: Callers, mes
     (span,) = mesh.spans.wait_for_sync(
         lambda s: (
             s.name == "execute_tool ping"
-            and s.attributes.get(semconv.GEN_AI_TOOL_CALL_ID) == "toolu_claim"
+            and s.attributes.get(semconv.GEN_AI_TOOL_CALL_ID) == "toolu_claim_" + mesh.backend
         ),
         timeout=15,
     )
@@ -113,7 +117,9 @@ def test_the_tenant_is_the_keys_whatever_the_request_claims(authed: Callers, mes
         )
         .entries
     )
-    assert [(r.tenant_id, r.tool_use_id) for r in rows] == [("auth-a", "toolu_claim")]
+    assert [(r.tenant_id, r.tool_use_id) for r in rows] == [
+        ("auth-a", "toolu_claim_" + mesh.backend)
+    ]
     assert (
         not authed.stub("key-b")
         .ListExecutionLog(dpb.ListExecutionLogRequest(conversation_id="claim"), timeout=30)
