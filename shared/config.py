@@ -72,6 +72,8 @@ class Settings:
     otlp_endpoint       OTEL_EXPORTER_OTLP_ENDPOINT (standard); empty exports nothing.
     otlp_protocol       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
                         (standard): "grpc" (default) or "http/protobuf".
+    span_relay          TOOLMESH_SPAN_RELAY, default on — encode and export spans in a child
+                        process, off the service's event loop and GIL (off: in-process batch).
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
@@ -84,6 +86,10 @@ class Settings:
     sandbox_output_bytes  TOOLMESH_SANDBOX_OUTPUT_BYTES, default 1 MiB — largest result.
     sandbox_max_tool_calls  TOOLMESH_SANDBOX_MAX_TOOL_CALLS, default 16 — call_tool calls per
                         execution (each call's inputs at most 1 MiB).
+    sandbox_uid, sandbox_gid  TOOLMESH_SANDBOX_UID / TOOLMESH_SANDBOX_GID, default 65534 / 65534
+                        (nobody / nogroup) — the host uid and gid custom tools run as when the
+                        sandbox service runs as root (never 0); an unprivileged service runs
+                        them as its own uid inside a user namespace.
     sandbox_job_workers TOOLMESH_SANDBOX_JOB_WORKERS, default 1 — tool-build job workers per
                         sandbox process (0: this replica claims no jobs).
     api_keys_file       TOOLMESH_API_KEYS_FILE, default none (the dispatcher runs open) — JSON of
@@ -126,6 +132,7 @@ class Settings:
     tracing: bool = True
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
+    span_relay: bool = True
     log_level: str = "INFO"
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
@@ -137,6 +144,8 @@ class Settings:
     sandbox_output_bytes: int = 1024 * 1024
     sandbox_max_tool_calls: int = 16
     sandbox_job_workers: int = 1
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
     api_keys_file: str = ""
     trace_payloads: bool = False
     conversation_budget_usd: float = 0.0
@@ -188,6 +197,7 @@ class Settings:
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+            span_relay=_bool(env.get("TOOLMESH_SPAN_RELAY"), True),
             otlp_protocol=(
                 env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -204,6 +214,8 @@ class Settings:
             sandbox_output_bytes=_int(env, "TOOLMESH_SANDBOX_OUTPUT_BYTES", 1024 * 1024),
             sandbox_max_tool_calls=_int(env, "TOOLMESH_SANDBOX_MAX_TOOL_CALLS", 16),
             sandbox_job_workers=_int(env, "TOOLMESH_SANDBOX_JOB_WORKERS", 1),
+            sandbox_uid=_int(env, "TOOLMESH_SANDBOX_UID", 65534),
+            sandbox_gid=_int(env, "TOOLMESH_SANDBOX_GID", 65534),
             api_keys_file=env.get("TOOLMESH_API_KEYS_FILE", ""),
             trace_payloads=_bool(env.get("TOOLMESH_TRACE_PAYLOADS"), False),
             conversation_budget_usd=_float(env, "TOOLMESH_CONVERSATION_BUDGET_USD", 0.0),

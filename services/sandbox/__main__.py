@@ -32,7 +32,9 @@ SERVICE = "sandbox"
 
 async def serve(settings: Settings, port: int) -> None:
     stop = install_stop_signals()
-    pool = WorkerPool(size=settings.sandbox_pool_size)
+    pool = WorkerPool(
+        size=settings.sandbox_pool_size, uid=settings.sandbox_uid, gid=settings.sandbox_gid
+    )
     await pool.start()  # before the gRPC server and its threads exist
     setup_tracing(SERVICE, settings)
     await asyncio.to_thread(upgrade, settings.database_url)

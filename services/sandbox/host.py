@@ -21,7 +21,7 @@ import sysconfig
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from services.sandbox import worker as wire
@@ -44,6 +44,9 @@ SANDBOX_ENV = {
     "PYTHONHASHSEED": "random",
     "HOME": "/tmp",
 }
+# The host uid and gid executions run as when the service runs as root (nobody / nogroup).
+NOBODY = 65534
+NOGROUP = 65534
 FRAME_OVERHEAD = 64 * 1024
 # The cgroup memory limit is the execution's memory limit plus this (pages shared with the
 # zygote stay charged to it; what a worker writes is charged to the worker).
@@ -111,6 +114,16 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _has_sys_admin() -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (what bwrap needs as root, with no user
+    namespace, to make the sandbox's namespaces and mounts)."""
+    cap_sys_admin = 21
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap_sys_admin & 1)
+    return False
+
+
 def python_read_paths() -> list[str]:
     """What the sandbox binds read-only: the Python install and the site-packages in use."""
     paths = {sys.base_prefix, *(p for p in sys.path if "site-packages" in p and os.path.isdir(p))}
@@ -119,47 +132,98 @@ def python_read_paths() -> list[str]:
     return sorted(p for p in paths if p)
 
 
+class _Binds:
+    """Read-only binds of host paths into the sandbox's fresh root. With `open_parents`, every
+    directory bwrap has to make on the way to a bind is made 0755 first: as root bwrap makes them
+    0700, which the uid the zygote drops to could not traverse. (Inside the sandbox these are
+    bwrap's own directories, so a host /root of mode 700 above the Python install does not
+    matter: a bind mount does not re-check its source's parents.)"""
+
+    def __init__(self, open_parents: bool) -> None:
+        self.args: list[str] = []
+        self._open_parents = open_parents
+        self._made: set[str] = {"/"}
+        self._mounted: list[str] = []  # host directories bound in: their own modes apply below
+
+    def _covered(self, path: str) -> bool:
+        return path in self._made or any(
+            path == m or path.startswith(m + "/") for m in self._mounted
+        )
+
+    def _parents(self, dest: str) -> None:
+        if not self._open_parents:
+            return
+        for parent in reversed(PurePosixPath(dest).parents):
+            if not self._covered(str(parent)):
+                self.args += ["--perms", "0755", "--dir", str(parent)]
+                self._made.add(str(parent))
+
+    def ro_bind(self, src: str, dest: str) -> None:
+        self._parents(dest)
+        self.args += ["--ro-bind", src, dest]
+        self._mounted.append(dest.rstrip("/") or "/")
+
+    def made(self, path: str) -> None:
+        """`path` is a directory the sandbox made (a tmpfs): what is below it is made here."""
+        self._made.add(path)
+
+
 def bwrap_command(bwrap: str, config: dict[str, Any]) -> list[str]:
     """The bubblewrap command line of the zygote: every namespace new, nothing writable but a
-    private tmpfs /tmp, the Python install read-only, no data dir, a clean environment."""
-    cmd = [
-        bwrap,
-        "--unshare-all",
-        "--unshare-user",
-        "--uid",
-        "65534",
-        "--gid",
-        "65534",
-        "--hostname",
-        "sandbox",
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
+    private tmpfs /tmp, the Python install read-only, no data dir, a clean environment.
+
+    Unprivileged service: a new user namespace whose uid 65534 is the service's own uid (what
+    bwrap maps it to). Service run as root: that mapping would make the sandbox's uid host root,
+    so there is no user namespace; bwrap runs as root (so it can reach the Python install even
+    under a mode-700 /root) and leaves the zygote nothing but CAP_SETUID, CAP_SETGID and
+    CAP_SETPCAP, which the zygote uses once, first thing, to empty its capability bounding set
+    and become `config["run_as"]` (uid, gid; no supplementary groups) for good: every
+    capability set is then empty (worker._become checks)."""
+    run_as = bool(config.get("run_as"))
+    cmd = [bwrap]
+    if run_as:
+        cmd += [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            # As root without a user namespace bwrap keeps every capability unless told not to.
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+            "--cap-add",
+            "CAP_SETPCAP",
+        ]
+    else:
+        cmd += ["--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534"]
+    cmd += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv"]
+    binds = _Binds(open_parents=run_as)
+    binds.ro_bind("/usr", "/usr")
     for link in ("lib", "lib64", "bin", "sbin"):
         target = f"/{link}"
         if os.path.islink(target):
-            cmd += ["--symlink", os.readlink(target), target]
+            binds.args += ["--symlink", os.readlink(target), target]
         elif os.path.isdir(target):
-            cmd += ["--ro-bind", target, target]
+            binds.ro_bind(target, target)
     if os.path.exists("/etc/ld.so.cache"):
-        cmd += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        binds.ro_bind("/etc/ld.so.cache", "/etc/ld.so.cache")
     # The private /tmp first: a Python install or virtualenv that lives under /tmp (a CI
     # checkout, say) is then bound on top of it, not hidden by it.
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    binds.args += ["--proc", "/proc", "--dev", "/dev"]
+    # bwrap makes the tmpfs as the uid it runs as: root's 0755 /tmp would not be writable by the
+    # uid the zygote drops to (only sandbox processes, all of that uid, ever see this /tmp).
+    binds.args += ["--perms", "1777"] if run_as else []
+    binds.args += ["--tmpfs", "/tmp"]
+    binds.made("/tmp")
     for path in config["read_paths"]:
         if not path.startswith("/usr") and path != "/etc/ld.so.cache":
-            cmd += ["--ro-bind", path, path]
-    cmd += [
-        "--ro-bind",
-        str(WORKER_FILE),
-        f"{SANDBOX_DIR}/worker.py",
-        "--chdir",
-        "/tmp",
-    ]
+            binds.ro_bind(path, path)
+    binds.ro_bind(str(WORKER_FILE), f"{SANDBOX_DIR}/worker.py")
+    cmd += [*binds.args, "--chdir", "/tmp"]
     for key, value in SANDBOX_ENV.items():
         cmd += ["--setenv", key, value]
     # -I: isolated mode (no env vars, no user site); -S is not used: site adds site-packages.
@@ -185,8 +249,12 @@ class WorkerPool:
         max_input_bytes: int = 64 << 20,
         max_concurrent: int = 16,
         cgroups: bool = True,
+        uid: int = NOBODY,
+        gid: int = NOGROUP,
     ) -> None:
         self._size = max(1, size)
+        # Who executions run as on the host when the service is root (see bwrap_command).
+        self._run_as = (uid, gid)
         # Executions beyond this wait for a slot: a flood cannot fork without bound.
         self._slots = asyncio.Semaphore(max(1, max_concurrent))
         self._bwrap = bwrap or shutil.which("bwrap") or ""
@@ -208,13 +276,31 @@ class WorkerPool:
 
     @property
     def isolation(self) -> dict[str, Any]:
-        return {"bwrap": self._bwrap, "size": self._size}
+        return {"bwrap": self._bwrap, "size": self._size, "run_as": self._drop_to()}
+
+    def _drop_to(self) -> tuple[int, int] | None:
+        """The (uid, gid) the zygote drops to: only when the service runs as root; otherwise
+        bwrap's user namespace maps the sandbox's uid to the service's own, unprivileged one."""
+        return self._run_as if os.geteuid() == 0 else None
 
     async def start(self) -> None:
         """Start the zygote (before any gRPC server exists) and fill the pool."""
         if not self._bwrap:
             raise FailedPrecondition(
                 "bubblewrap (bwrap) is not installed; the sandbox refuses to run code without it",
+                reason="SANDBOX_UNAVAILABLE",
+            )
+        if self._drop_to() is not None and not _has_sys_admin():
+            raise FailedPrecondition(
+                "the sandbox runs as root without CAP_SYS_ADMIN (a container's root?), so "
+                "bubblewrap cannot build its namespaces without a user namespace, which would "
+                "map the sandbox to root; run the service as an unprivileged user instead",
+                reason="SANDBOX_UNAVAILABLE",
+            )
+        if min(self._run_as) <= 0:
+            raise FailedPrecondition(
+                f"the sandbox's uid and gid must not be root's (got {self._run_as}); set "
+                "TOOLMESH_SANDBOX_UID and TOOLMESH_SANDBOX_GID to an unprivileged user",
                 reason="SANDBOX_UNAVAILABLE",
             )
         if self._use_cgroups:
@@ -260,6 +346,7 @@ class WorkerPool:
             "site_paths": [p for p in sys.path if "site-packages" in p and os.path.isdir(p)],
             "max_input_bytes": self._max_input_bytes,
             "require_landlock": False,
+            "run_as": self._drop_to(),
         }
         cmd = bwrap_command(self._bwrap, config)
         self._proc = subprocess.Popen(

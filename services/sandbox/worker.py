@@ -14,6 +14,9 @@ Zygote (one per pool, started by the host with a clean environment before the gR
     zygote -> {"event": "spawned", "id": N, "pid": p} + [pidfd of the worker]
     zygote -> {"event": "exited", "id": N, "code": c, "signal": s}
 
+When the service runs as root the zygote first drops to an unprivileged host uid and gid
+(CONFIG "run_as"), so neither it nor any worker ever runs user code as a host-root process.
+
 Worker (forked per execution, used once): lowers its privileges in layers — private workdir and
 own /proc entry only (landlock), no core dumps and not ptrace-able (dumpable 0), rlimits,
 a seccomp filter — and only then reads its one request."""
@@ -559,8 +562,52 @@ def _send_result(
     send(out, blob)
 
 
+def _become(uid: int, gid: int) -> None:
+    """Become host uid/gid `uid`/`gid` for good, with no supplementary groups and no
+    capabilities, before anything else runs (the service is root: bwrap left this process
+    CAP_SETUID, CAP_SETGID and CAP_SETPCAP for exactly this); then check no way back is left."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_capbset_drop, pr_set_pdeathsig = 24, 1
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):  # the bounding set: no capability can ever come back
+        if libc.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
+            raise SystemExit(f"sandbox: cannot drop capability {cap} from the bounding set")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # all three non-zero: permitted, effective, ambient cleared
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+
+    version_3 = 0x20080522
+    if libc.capset(ctypes.byref(Header(version_3, 0)), (Data * 2)()) != 0:  # inheritable too
+        raise SystemExit("sandbox: cannot clear the inheritable capabilities")
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    caps = [int(status[k].strip(), 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
+    if os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups() or any(caps):
+        raise SystemExit(f"sandbox: could not drop to uid {uid} gid {gid} without capabilities")
+    try:
+        os.setuid(0)
+    except PermissionError:
+        pass
+    else:
+        raise SystemExit("sandbox: uid 0 was still reachable after dropping privileges")
+    # A credential change clears the parent-death signal: die with bwrap's init, as before.
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 def main() -> None:
     config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    run_as = config.get("run_as")
+    if run_as:
+        _become(int(run_as[0]), int(run_as[1]))
     for path in config.get("site_paths", []):
         if path not in sys.path:
             sys.path.append(path)

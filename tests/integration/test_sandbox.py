@@ -5,9 +5,12 @@ through the registry with the caller's context."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +21,7 @@ from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
 from tests.integration.conftest import Mesh, start_mesh
 from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.sandbox.v1 import sandbox_pb2 as spb
 from toolmesh.sandbox.v1 import sandbox_pb2_grpc
@@ -362,3 +366,71 @@ def test_nested_calls_are_traced_and_costed_under_the_parent_call(smesh: Mesh) -
         chain.append(span.name)
     assert "sandbox.call_tool" in chain and "sandbox.execute" in chain
     assert chain.index("sandbox.execute") < chain.index("execute_tool ask_twice")
+
+
+def _sandbox_processes(root: int) -> list[dict[str, str]]:
+    """/proc/<pid>/status (as the host sees it) of every zygote and worker below `root`."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    below, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - below
+        below |= frontier
+    found = []
+    for pid in below:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"/sbx/worker.py" not in argv or argv[0].endswith(b"bwrap"):
+                continue  # not the zygote or a worker (bwrap itself stays root, no capabilities)
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue  # exited meanwhile
+        found.append({k: v.strip() for k, v in (line.split(":", 1) for line in lines)})
+    return found
+
+
+def test_a_custom_tools_worker_runs_as_an_unprivileged_host_uid_without_capabilities(
+    smesh: Mesh,
+) -> None:
+    stub = sandbox(smesh)
+    stub.RegisterCustomTool(
+        spb.RegisterCustomToolRequest(
+            tool=pb.ToolDefinition(
+                name="spinner",
+                implementation="while True:\n    pass",
+                tenant_id="tenant-a",
+                timeout_seconds=3,
+            )
+        ),
+        timeout=30,
+    )
+    approve(smesh, "spinner")
+    call = smesh.dispatcher.DispatchToolCall.future(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name="spinner", input_json="{}"),
+            context=pb.CallContext(tenant_id="tenant-a", user_id="tester", conversation_id="c"),
+        ),
+        timeout=60,
+    )
+    service = smesh.processes["sandbox"].process.pid
+    deadline = time.monotonic() + 20
+    while True:  # until the spinning worker is seen running
+        processes = _sandbox_processes(service)
+        if any(p["State"].startswith("R") for p in processes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert any(p["State"].startswith("R") for p in processes), processes
+    expected = 65534 if os.geteuid() == 0 else os.geteuid()
+    for status in processes:  # the zygote, the running worker and the pre-started ones
+        assert status["Uid"].split() == [str(expected)] * 4, status
+        assert "0" not in status["Gid"].split() and status["Groups"] == "", status
+        assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0, status
+        if os.geteuid() == 0:
+            assert int(status["CapBnd"], 16) == int(status["CapInh"], 16) == 0, status
+    assert call.result().result.envelope.err.err_kind == "timeout"

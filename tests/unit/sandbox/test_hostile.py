@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import pytest_asyncio
 
+from services.sandbox.cgroups import host_pid
 from services.sandbox.host import Limits, RunOutcome, WorkerPool
 from shared.arrow_ipc import dataframe_to_ipc, ipc_to_dataframe
 from shared.errors import Unavailable
@@ -82,6 +83,34 @@ async def test_the_escape_reaches_real_os_so_the_os_layers_are_what_is_tested(
     assert out.content == "(65534, True)"
 
 
+def _host_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines)}
+
+
+async def test_workers_and_their_zygote_seen_from_the_host_are_unprivileged(
+    pool: WorkerPool,
+) -> None:
+    worker = await pool.take()
+    try:
+        pid = host_pid(worker.pidfd)
+        assert pid is not None
+        mine = _host_status(pid)
+        zygote = _host_status(int(mine["PPid"]))
+    finally:
+        worker.kill()
+        worker.close()
+    root = os.geteuid() == 0
+    expected = str(65534 if root else os.geteuid())
+    for status in (mine, zygote):
+        assert status["Uid"].split() == [expected] * 4, status
+        assert status["Groups"] == "", status
+        assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0, status
+        if root:  # nothing left to regain either
+            assert int(status["CapBnd"], 16) == int(status["CapInh"], 16) == 0, status
+    assert mine["Seccomp"] == "2" and mine["NoNewPrivs"] == "1", mine
+
+
 @pytest.mark.parametrize(
     "path",
     ["/etc/passwd", "/etc/hostname", "/root/.bashrc", "/proc/1/environ", "/proc/1/cmdline"],
@@ -121,10 +150,14 @@ async def test_no_other_process_is_visible_in_proc(pool: WorkerPool) -> None:
 
 
 async def test_the_environment_holds_no_secret(pool: WorkerPool) -> None:
+    # Run as root, the service drops workers to an unprivileged host uid: a non-dumpable
+    # worker's own /proc entries then belong to root and are not even readable to it.
     out = await run(
         pool,
         ESCAPE
-        + "result = repr(dict(os.environ)) + open('/proc/self/environ','rb').read().decode()",
+        + "try:\n    env = open('/proc/self/environ', 'rb').read().decode()\n"
+        + "except PermissionError:\n    env = 'unreadable'\n"
+        + "result = repr(dict(os.environ)) + env",
     )
     assert out.ok, out.message
     assert SECRET not in out.content
