@@ -14,29 +14,18 @@ import argparse
 import asyncio
 import itertools
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
 from bench.measure import Call, LatencyStats, measure_latency, measure_throughput, ratio_line
+from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
-from shared.telemetry.collector import CollectorThread, ReceivedSpan
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
-
-
-class CountingSink:
-    """Receives spans over OTLP like a real collector and only counts them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def add(self, spans: Sequence[ReceivedSpan]) -> None:
-        self.count += len(spans)
 
 
 async def measure(
@@ -109,9 +98,8 @@ async def bench_raw(n: int, duration: float, concurrency: int) -> tuple[LatencyS
 
 
 async def main_async(n: int, duration: float, concurrency: int) -> None:
-    sink = CountingSink()
-    with CollectorThread(sink) as collector:
-        port = collector.port
+    with SpanCounter() as sink:
+        port = sink.port
         raw_lat, raw_tp = await bench_raw(n, duration, concurrency)
         mesh_lat, mesh_tp = await bench_mesh(True, port, n, duration, concurrency)
         off_lat, off_tp = await bench_mesh(False, port, n, duration, concurrency)

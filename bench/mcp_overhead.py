@@ -18,16 +18,15 @@ import itertools
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
 from bench.measure import Call, LatencyStats, measure_latency, measure_throughput, ratio_line
+from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
-from shared.telemetry.collector import CollectorThread, ReceivedSpan
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -35,16 +34,6 @@ from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class CountingSink:
-    """Receives spans over OTLP like a real collector and only counts them."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def add(self, spans: Sequence[ReceivedSpan]) -> None:
-        self.count += len(spans)
 
 
 def server_command() -> tuple[list[str], str]:
@@ -175,11 +164,10 @@ async def bench_raw(n: int, duration: float, concurrency: int) -> tuple[LatencyS
 
 async def main_async(n: int, duration: float, concurrency: int) -> None:
     command, label = server_command()
-    sink = CountingSink()
-    with CollectorThread(sink) as collector:
+    with SpanCounter() as sink:
         raw_lat, raw_tp = await bench_raw(n, duration, concurrency)
         direct_lat, direct_tp = await bench_direct(command, n, duration, concurrency)
-        mesh_lat, mesh_tp = await bench_mesh(command, collector.port, n, duration, concurrency)
+        mesh_lat, mesh_tp = await bench_mesh(command, sink.port, n, duration, concurrency)
     added = mesh_lat.p50_ms - direct_lat.p50_ms
     print(f"MCP `echo` of {label} over stdio: through the mesh vs the MCP SDK directly")
     print(f"  raw 3-hop grpc.aio chain: {raw_lat}; {raw_tp:.0f} calls/s at {concurrency}")

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import grpc
 
-from bench.dispatch_overhead import CountingSink, measure
+from bench.dispatch_overhead import measure
 from bench.measure import LatencyStats, ratio_line
+from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
-from shared.telemetry.collector import CollectorThread
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
@@ -87,14 +87,13 @@ async def bench_config(
 
 
 async def main_async(rounds: int, n: int, duration: float, concurrency: int) -> None:
-    sink = CountingSink()
     p50: dict[str, list[float]] = {name: [] for name in CONFIGS}
     p99: dict[str, list[float]] = {name: [] for name in CONFIGS}
     tput: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    with CollectorThread(sink) as collector:
+    with SpanCounter() as sink:
         for _ in range(rounds):
             for name, extra in CONFIGS.items():
-                lat, tp = await bench_config(extra, collector.port, n, duration, concurrency)
+                lat, tp = await bench_config(extra, sink.port, n, duration, concurrency)
                 p50[name].append(lat.p50_ms)
                 p99[name].append(lat.p99_ms)
                 tput[name].append(tp)

@@ -38,6 +38,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tracing: bool, *, trust_baggage: bool = True) -> None:
         self._tracing = tracing
         self._trust_baggage = trust_baggage
+        # method -> (the service's handler, its wrapped handler): wrapped once per method, not
+        # once per RPC (building the closures and the handler object costs on every call).
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -48,6 +51,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method: str = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         traced = self._tracing and not method.startswith(_UNTRACED_PREFIXES)
         service, _, name = method.lstrip("/").rpartition("/")
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}

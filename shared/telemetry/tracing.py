@@ -4,11 +4,13 @@ endpoint of OTEL_EXPORTER_OTLP_ENDPOINT; W3C trace context propagates on gRPC me
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from opentelemetry import baggage, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.processor.baggage import BaggageSpanProcessor
 from opentelemetry.sdk.resources import Resource
@@ -40,7 +42,13 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
     provider.add_span_processor(BaggageSpanProcessor(semconv.BAGGAGE_ALLOWLIST.__contains__))
     if settings.otlp_endpoint:
         # Batching is tuned by the standard OTEL_BSP_* variables (schedule delay, batch size).
-        provider.add_span_processor(BatchSpanProcessor(_span_exporter(settings)))
+        # The relay encodes and exports in a child process, off this process's GIL.
+        if settings.span_relay:
+            from shared.telemetry.relay import RelaySpanProcessor
+
+            provider.add_span_processor(RelaySpanProcessor(provider.resource))
+        else:
+            provider.add_span_processor(BatchSpanProcessor(span_exporter(settings)))
     trace.set_tracer_provider(provider)
     _provider = provider
     global _tracer
@@ -48,7 +56,7 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
     return provider
 
 
-def _span_exporter(settings: Settings) -> SpanExporter:
+def span_exporter(settings: Settings) -> SpanExporter:
     """OTLP over gRPC (default) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_PROTOCOL (or its
     traces-specific variant) says; the endpoint is OTEL_EXPORTER_OTLP_ENDPOINT. Imported lazily:
     each exporter pulls in its own transport machinery."""
@@ -97,13 +105,38 @@ def current_trace_id() -> str:
 _TRACE_CONTEXT_ONLY = TraceContextTextMapPropagator()
 
 
+_BAGGAGE_ONLY = W3CBaggagePropagator()
+# The propagators are the default pair (W3C trace context and baggage) unless configured.
+_DEFAULT_PROPAGATORS = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage").replace(
+    " ", ""
+) in ("tracecontext,baggage", "baggage,tracecontext")
+_MAX_CACHED_BAGGAGE = 1024
+# A baggage header -> its parsed entries. Within the mesh the same few headers (tenant and
+# conversation) arrive on every call of a conversation; parsing one costs more than the span.
+_baggage_cache: dict[str, Mapping[str, object]] = {}
+
+
 def extract_context(metadata: Mapping[str, str] | None, *, trust_baggage: bool = True) -> Context:
     """The caller's trace context; its baggage too unless the caller is outside the mesh (the
     dispatcher, the mesh's edge, never trusts incoming baggage)."""
     carrier = dict(metadata or {})
-    if trust_baggage:
+    if not trust_baggage:
+        return _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
+    if not _DEFAULT_PROPAGATORS:
         return propagate.extract(carrier=carrier)
-    return _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
+    ctx = _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
+    header = carrier.get("baggage")
+    if not header:
+        return ctx
+    entries = _baggage_cache.get(header)
+    if entries is None:
+        entries = baggage.get_all(_BAGGAGE_ONLY.extract({"baggage": header}, context=Context()))
+        if len(_baggage_cache) >= _MAX_CACHED_BAGGAGE:
+            _baggage_cache.clear()
+        _baggage_cache[header] = entries
+    for name, value in entries.items():
+        ctx = baggage.set_baggage(name, value, context=ctx)
+    return ctx
 
 
 def with_call_baggage(tenant_id: str, conversation_id: str) -> Context:
