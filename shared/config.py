@@ -86,6 +86,11 @@ class Settings:
     sandbox_output_bytes  TOOLMESH_SANDBOX_OUTPUT_BYTES, default 1 MiB — largest result.
     sandbox_max_tool_calls  TOOLMESH_SANDBOX_MAX_TOOL_CALLS, default 16 — call_tool calls per
                         execution (each call's inputs at most 1 MiB).
+    sandbox_job_lease_s TOOLMESH_SANDBOX_JOB_LEASE_S, default 60 — a claimed job's lease: its
+                        worker renews it every third of this; a job whose lease expired (its
+                        worker died) is claimed again by any worker.
+    sandbox_job_max_attempts  TOOLMESH_SANDBOX_JOB_MAX_ATTEMPTS, default 3 — claims a job gets in
+                        all; one abandoned that often is failed (reason JOB_ABANDONED).
     sandbox_uid, sandbox_gid  TOOLMESH_SANDBOX_UID / TOOLMESH_SANDBOX_GID, default 65534 / 65534
                         (nobody / nogroup) — the host uid and gid custom tools run as when the
                         sandbox service runs as root (never 0); an unprivileged service runs
@@ -144,6 +149,8 @@ class Settings:
     sandbox_output_bytes: int = 1024 * 1024
     sandbox_max_tool_calls: int = 16
     sandbox_job_workers: int = 1
+    sandbox_job_lease_s: float = 60.0
+    sandbox_job_max_attempts: int = 3
     sandbox_uid: int = 65534
     sandbox_gid: int = 65534
     api_keys_file: str = ""
@@ -214,6 +221,8 @@ class Settings:
             sandbox_output_bytes=_int(env, "TOOLMESH_SANDBOX_OUTPUT_BYTES", 1024 * 1024),
             sandbox_max_tool_calls=_int(env, "TOOLMESH_SANDBOX_MAX_TOOL_CALLS", 16),
             sandbox_job_workers=_int(env, "TOOLMESH_SANDBOX_JOB_WORKERS", 1),
+            sandbox_job_lease_s=_float(env, "TOOLMESH_SANDBOX_JOB_LEASE_S", 60.0),
+            sandbox_job_max_attempts=_int(env, "TOOLMESH_SANDBOX_JOB_MAX_ATTEMPTS", 3),
             sandbox_uid=_int(env, "TOOLMESH_SANDBOX_UID", 65534),
             sandbox_gid=_int(env, "TOOLMESH_SANDBOX_GID", 65534),
             api_keys_file=env.get("TOOLMESH_API_KEYS_FILE", ""),

@@ -50,9 +50,14 @@ async def serve(settings: Settings, port: int) -> None:
     )
     core = Sandbox(pool, caps=caps)
     llm_clients = LlmClientCache(ModelConfigStore(sessions))
-    workers = JobWorkers(
-        JobPipeline(repo, core, llm_clients.for_role), count=settings.sandbox_job_workers
+    pipeline = JobPipeline(
+        repo,
+        core,
+        llm_clients.for_role,
+        lease_s=settings.sandbox_job_lease_s,
+        max_attempts=settings.sandbox_job_max_attempts,
     )
+    workers = JobWorkers(pipeline, count=settings.sandbox_job_workers)
     servicer = SandboxServicer(
         core,
         repo,

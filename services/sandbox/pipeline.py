@@ -5,8 +5,11 @@
            ──▶ approved | rejected (bad output, failing tests, a reject verdict)
              | failed (no LLM, the database or the sandbox is down)
 
-Workers claim jobs safely when several run at once (see SqlSandboxRepository.claim_job). The
-LLM is reached through shared.llm (model and max_output_tokens from the role's config)."""
+Workers claim jobs safely when several run at once (see SqlSandboxRepository.claim_job). A
+claim is a lease the worker renews while it works (every third of `lease_s`); a job whose worker
+died is claimed again once its lease expires, at most `max_attempts` times, then `failed`. A
+worker that finds its lease taken over stops work on the job at once and writes nothing more to
+it. The LLM is reached through shared.llm (model and max_output_tokens from the role's config)."""
 
 from __future__ import annotations
 
@@ -14,13 +17,24 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
+import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from services.sandbox.core import NAME_RE, Sandbox, validate_definition
-from services.sandbox.repository import CustomTool, Job, SqlSandboxRepository
+from services.sandbox.repository import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    CustomTool,
+    Job,
+    Lease,
+    LeaseLost,
+    SqlSandboxRepository,
+)
 from shared.errors import InvalidArgument, ToolmeshError
 from shared.llm.client import LLMClient
 from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
@@ -151,33 +165,92 @@ class ToolAuditor:
 
 
 class JobPipeline:
-    """Processes claimed jobs end to end."""
+    """Processes claimed jobs end to end, each under a lease it keeps renewing."""
 
-    def __init__(self, repo: SqlSandboxRepository, sandbox: Sandbox, llm: LlmForRole) -> None:
+    def __init__(
+        self,
+        repo: SqlSandboxRepository,
+        sandbox: Sandbox,
+        llm: LlmForRole,
+        *,
+        worker_id: str = "",
+        lease_s: float = DEFAULT_LEASE_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> None:
         self._repo = repo
         self._builder = ToolBuilder(llm)
         self._auditor = ToolAuditor(sandbox, llm)
+        self._worker = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._lease_s = lease_s
+        self._max_attempts = max(1, max_attempts)
 
     async def run_once(self) -> Job | None:
-        """Claim one queued job and take it to a final state; None when there was none."""
-        job = await asyncio.to_thread(self._repo.claim_job)
+        """Claim one job (queued, or abandoned by a dead worker) and take it to a final state;
+        None when there was none, or when another worker took it over meanwhile."""
+        job = await asyncio.to_thread(
+            self._repo.claim_job,
+            self._worker,
+            lease_s=self._lease_s,
+            max_attempts=self._max_attempts,
+        )
         if job is None:
             return None
+        lease = job.lease
         with tracer().start_as_current_span(
-            "sandbox.build_job", attributes={"toolmesh.job.id": job.id}
+            "sandbox.build_job",
+            attributes={"toolmesh.job.id": job.id, "toolmesh.job.attempt": lease.attempt},
         ):
+            lost = asyncio.Event()
+            work = asyncio.ensure_future(self._run(job, lease))
+            keeper = asyncio.ensure_future(self._keep_lease(lease, work, lost))
             try:
-                return await self._process(job)
-            except Exception as exc:  # a job never stays claimed by a bug
-                logger.exception("build job %s failed unexpectedly", job.id)
-                return await self._update(
-                    job,
-                    status="failed",
-                    progress_pct=100,
-                    result={"error": f"internal error: {type(exc).__name__}"},
-                )
+                return await work
+            except LeaseLost:
+                pass
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not lost.is_set() or (task is not None and task.cancelling()):
+                    raise  # this worker is stopping
+            finally:
+                keeper.cancel()
+            logger.warning(
+                "build job %s: another worker claimed it after this worker's lease expired; "
+                "letting it go",
+                job.id,
+            )
+            return None
 
-    async def _process(self, job: Job) -> Job:
+    async def _keep_lease(
+        self, lease: Lease, work: asyncio.Future[Job], lost: asyncio.Event
+    ) -> None:
+        """Renew the lease until the work is done; cancel the work when the lease is lost."""
+        while not work.done():
+            await asyncio.sleep(self._lease_s / 3)
+            try:
+                held = await asyncio.to_thread(self._repo.heartbeat, lease)
+            except ToolmeshError as exc:  # the database is away: the lease may lapse meanwhile
+                logger.warning("build job %s: cannot renew its lease: %s", lease.job_id, exc)
+                continue
+            if not held and not work.done():
+                lost.set()
+                work.cancel()
+                return
+
+    async def _run(self, job: Job, lease: Lease) -> Job:
+        try:
+            return await self._process(job, lease)
+        except LeaseLost:
+            raise
+        except Exception as exc:  # a job never stays claimed by a bug
+            logger.exception("build job %s failed unexpectedly", job.id)
+            return await self._update(
+                lease,
+                status="failed",
+                progress_pct=100,
+                result={"error": f"internal error: {type(exc).__name__}"},
+            )
+
+    async def _process(self, job: Job, lease: Lease) -> Job:
         request = str(job.spec.get("request", ""))
         cost = 0.0
         built: Built | None = None
@@ -195,7 +268,7 @@ class JobPipeline:
                     created_by="builder_agent",
                 ),
             )
-            await self._update(job, status="testing", progress_pct=60, tool_name=tool.name)
+            await self._update(lease, status="testing", progress_pct=60, tool_name=tool.name)
             await asyncio.to_thread(
                 self._repo.record_audit,
                 tool.name,
@@ -221,7 +294,7 @@ class JobPipeline:
                 rejection_reason=None,
             )
             return await self._update(
-                job,
+                lease,
                 status="approved",
                 progress_pct=100,
                 result={
@@ -232,6 +305,8 @@ class JobPipeline:
                     "cost_usd": cost,
                 },
             )
+        except LeaseLost:
+            raise
         except (BuildRejected, InvalidArgument) as exc:
             reason = exc.message if isinstance(exc, ToolmeshError) else str(exc.args[0])
             failed_results: dict[str, Any] | None = (
@@ -247,7 +322,7 @@ class JobPipeline:
                         rejection_reason=reason,
                     )
             return await self._update(
-                job,
+                lease,
                 status="rejected",
                 progress_pct=100,
                 result={"error": reason, "test_results": failed_results, "cost_usd": cost},
@@ -255,14 +330,15 @@ class JobPipeline:
         except ToolmeshError as exc:
             logger.warning("build job %s failed: %s", job.id, exc.message)
             return await self._update(
-                job,
+                lease,
                 status="failed",
                 progress_pct=100,
                 result={"error": exc.message, "reason": exc.reason, "cost_usd": cost},
             )
 
-    async def _update(self, job: Job, **values: Any) -> Job:
-        return await asyncio.to_thread(self._repo.update_job, job.id, **values)
+    async def _update(self, lease: Lease, **values: Any) -> Job:
+        """Write the job while this worker's lease holds (LeaseLost otherwise)."""
+        return await asyncio.to_thread(self._repo.update_job, lease.job_id, lease=lease, **values)
 
 
 class JobWorkers:

@@ -2,25 +2,55 @@
 custom) and the tool_jobs queue. The only module of the sandbox that speaks SQLAlchemy.
 
 Claiming a job is safe with several workers in several replicas: `SELECT … FOR UPDATE SKIP
-LOCKED` on PostgreSQL; on SQLite (one writer at a time) a conditional UPDATE of the queued row
-that only one claimant can win."""
+LOCKED` on PostgreSQL; on SQLite (one writer at a time) a conditional UPDATE that only one
+claimant can win (it names the attempt count it read, which every claim increments).
+
+A claim is a lease: the worker renews `claimed_at` (`heartbeat`) while it works; a job left in
+building/testing whose lease expired — its worker died, hung or lost the database — is claimed
+again, at most `max_attempts` times in all, after which it is `failed` (reason JOB_ABANDONED).
+Every write of a leased job names its lease, so a worker that lost its lease cannot overwrite
+the job's new owner (LeaseLost)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.engine import translate_db_errors
 from shared.db.models import ToolDefinitionRow, ToolJobRow
-from shared.errors import AlreadyExists, NotFound
+from shared.errors import AlreadyExists, FailedPrecondition, NotFound
 
 JOB_STATUSES = ("queued", "building", "testing", "approved", "rejected", "failed")
 JOB_TYPES = ("build", "audit", "rebuild")
+LEASED_STATUSES = ("building", "testing")
+DEFAULT_LEASE_S = 60.0
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+class LeaseLost(FailedPrecondition):
+    """The job's lease expired and another worker claimed it: this worker must let it go."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job {job_id!r} was claimed by another worker after this worker's lease expired",
+            reason="JOB_LEASE_LOST",
+            metadata={"job_id": job_id},
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim of a job: by `worker`, the job's `attempt`-th claim."""
+
+    job_id: str
+    worker: str
+    attempt: int
 
 
 @dataclass
@@ -62,6 +92,14 @@ class Job:
     conversation_id: str | None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    attempts: int = 0
+    claimed_by: str | None = None
+    claimed_at: datetime | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """The lease of this claim (meaningful on a job returned by claim_job)."""
+        return Lease(self.id, self.claimed_by or "", self.attempts)
 
 
 _TOOL_FIELDS = tuple(f for f in CustomTool.__dataclass_fields__)
@@ -84,6 +122,9 @@ def _job(row: ToolJobRow) -> Job:
         conversation_id=row.conversation_id,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        attempts=row.attempts or 0,
+        claimed_by=row.claimed_by,
+        claimed_at=row.claimed_at,
     )
 
 
@@ -91,11 +132,25 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class SqlSandboxRepository:
-    """Custom tools and build jobs over SQLAlchemy (SQLite or PostgreSQL). Blocking."""
+def _abandoned(row: ToolJobRow) -> dict[str, Any]:
+    was = f"in {row.status}" + (f" by {row.claimed_by}" if row.claimed_by else "")
+    return {
+        "error": f"abandoned after {row.attempts} attempts: each time the worker running the "
+        f"job stopped renewing its lease (last {was}); not retried again",
+        "reason": "JOB_ABANDONED",
+        "attempts": row.attempts,
+    }
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+
+class SqlSandboxRepository:
+    """Custom tools and build jobs over SQLAlchemy (SQLite or PostgreSQL). Blocking.
+    `clock` (UTC now) is a seam for lease tests."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime] = _now
+    ) -> None:
         self._sessions = sessions
+        self._clock = clock
 
     # --- custom tools -----------------------------------------------------------------------
 
@@ -226,45 +281,118 @@ class SqlSandboxRepository:
         with translate_db_errors(), self._sessions() as s:
             return [_job(r) for r in s.scalars(stmt.limit(max(1, min(limit, 500))))]
 
-    def claim_job(self) -> Job | None:
-        """Move the oldest queued job to building and return it; None when the queue is empty.
-        Two claimants never get the same job."""
+    def claim_job(
+        self,
+        worker: str = "",
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> Job | None:
+        """Move the oldest claimable job to building under a lease held by `worker` and return
+        it (its `lease` names the claim); None when there is none. Claimable: queued, or in
+        building/testing with a lease older than `lease_s` (or none). A stale job that already
+        had `max_attempts` claims is failed instead and the next one is looked at. Two
+        claimants never get the same job."""
+        while True:
+            done, job = self._claim_one(worker, lease_s, max_attempts)
+            if done:
+                return job
+
+    def _claim_one(self, worker: str, lease_s: float, max_attempts: int) -> tuple[bool, Job | None]:
+        """(True, the claimed job or None when nothing is claimable), or (False, None) to look
+        again: after failing an abandoned job, or after losing a race for the candidate."""
         with translate_db_errors(), self._sessions.begin() as s:
-            dialect = s.get_bind().dialect.name
+            now = self._clock()
+            stale = and_(
+                ToolJobRow.status.in_(LEASED_STATUSES),
+                or_(
+                    ToolJobRow.claimed_at.is_(None),
+                    ToolJobRow.claimed_at < now - timedelta(seconds=lease_s),
+                ),
+            )
+            claimable = or_(ToolJobRow.status == "queued", stale)
             stmt = (
                 select(ToolJobRow)
-                .where(ToolJobRow.status == "queued")
+                .where(claimable)
                 .order_by(ToolJobRow.created_at, ToolJobRow.id)
                 .limit(1)
             )
-            if dialect == "postgresql":
-                row = s.scalar(stmt.with_for_update(skip_locked=True))
-                if row is None:
-                    return None
-                row.status, row.progress_pct, row.updated_at = "building", 10, _now()
-                s.flush()
-                return _job(row)
+            if s.get_bind().dialect.name == "postgresql":
+                stmt = stmt.with_for_update(skip_locked=True)
             candidate = s.scalar(stmt)
             if candidate is None:
-                return None
-            claimed = s.execute(
-                update(ToolJobRow)
-                .where(ToolJobRow.id == candidate.id, ToolJobRow.status == "queued")
-                .values(status="building", progress_pct=10, updated_at=_now())
+                return True, None
+            give_up = candidate.status != "queued" and candidate.attempts >= max_attempts
+            values: dict[str, Any] = (
+                {"status": "failed", "progress_pct": 100, "result": _abandoned(candidate)}
+                if give_up
+                else {
+                    "status": "building",
+                    "progress_pct": 10,
+                    "claimed_by": worker,
+                    "claimed_at": now,
+                    "attempts": candidate.attempts + 1,
+                }
             )
-            won = getattr(claimed, "rowcount", 0)
-            if won != 1:
-                return None
+            # The row as read (same status and attempt count, still claimable) or nothing: on
+            # SQLite a concurrent claimant that won first leaves this UPDATE matching no row.
+            won = s.execute(
+                update(ToolJobRow)
+                .where(
+                    ToolJobRow.id == candidate.id,
+                    ToolJobRow.status == candidate.status,
+                    ToolJobRow.attempts == candidate.attempts,
+                    claimable,
+                )
+                .values(**values, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            if getattr(won, "rowcount", 0) != 1:
+                return False, None
             s.refresh(candidate)
-            return _job(candidate)
+            return not give_up, None if give_up else _job(candidate)
 
-    def update_job(self, job_id: str, **values: Any) -> Job:
+    def heartbeat(self, lease: Lease) -> bool:
+        """Renew the lease; False when it is lost (the job was claimed again, or finished)."""
         with translate_db_errors(), self._sessions.begin() as s:
+            now = self._clock()
+            renewed = s.execute(self._fenced(lease).values(claimed_at=now, updated_at=now))
+            return getattr(renewed, "rowcount", 0) == 1
+
+    @staticmethod
+    def _fenced(lease: Lease) -> Any:
+        return (
+            update(ToolJobRow)
+            .where(
+                ToolJobRow.id == lease.job_id,
+                ToolJobRow.claimed_by == lease.worker,
+                ToolJobRow.attempts == lease.attempt,
+                ToolJobRow.status.in_(LEASED_STATUSES),
+            )
+            .execution_options(synchronize_session=False)
+        )
+
+    def update_job(self, job_id: str, *, lease: Lease | None = None, **values: Any) -> Job:
+        """Change a job. With `lease`, only while that lease holds (renewing it): LeaseLost
+        when another worker has claimed the job since."""
+        with translate_db_errors(), self._sessions.begin() as s:
+            now = self._clock()
+            if lease is not None:
+                if lease.job_id != job_id:
+                    raise ValueError("the lease is of another job")
+                changed = s.execute(
+                    self._fenced(lease).values(**values, claimed_at=now, updated_at=now)
+                )
+                if getattr(changed, "rowcount", 0) != 1:
+                    raise LeaseLost(job_id)
+                row = s.get(ToolJobRow, job_id, populate_existing=True)
+                assert row is not None
+                return _job(row)
             row = s.get(ToolJobRow, job_id)
             if row is None:
                 raise NotFound(f"no job {job_id!r}", reason="JOB_NOT_FOUND")
             for key, value in values.items():
                 setattr(row, key, value)
-            row.updated_at = _now()
+            row.updated_at = now
             s.flush()
             return _job(row)

@@ -99,6 +99,11 @@ class ToolJobRow(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
     )
+    # The lease of a building/testing job: who claimed it, when its worker last renewed the
+    # claim (a job whose lease expired is claimed again), and how many claims it has had.
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
     __table_args__ = (Index("ix_tool_jobs_status_created", "status", "created_at"),)
 

@@ -29,6 +29,7 @@ class Reply:
     model: str | None = None  # defaults to the requested model
     status: int = 200
     error_type: str = ""
+    hold: threading.Event | None = None  # answered only once set (at most 30 s later)
 
     def content(self) -> list[dict[str, Any]]:
         blocks: list[dict[str, Any]] = []
@@ -91,6 +92,8 @@ class FakeAnthropic:
                     self._send(404, _error("not_found_error", f"no route {self.path}"))
                     return
                 reply = fake._next()
+                if reply.hold is not None:
+                    reply.hold.wait(30)
                 if reply.status != 200:
                     self._send(
                         reply.status,
@@ -112,8 +115,11 @@ class FakeAnthropic:
                 self.send_header("request-id", "req_fake")
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up (a cancelled call)
 
             def _stream(self, message: dict[str, Any]) -> None:
                 self.send_response(200)
