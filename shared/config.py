@@ -98,9 +98,10 @@ class Settings:
     sandbox_job_workers TOOLMESH_SANDBOX_JOB_WORKERS, default 1 — tool-build job workers per
                         sandbox process (0: this replica claims no jobs).
     api_keys_file       TOOLMESH_API_KEYS_FILE, default none (the dispatcher runs open) — JSON of
-                        API key digests and their tenants (services/dispatcher/auth.py); when
-                        set, the dispatcher authenticates every call and takes its tenant from
-                        the key. Clients send TOOLMESH_API_KEY as `authorization: Bearer`.
+                        API key digests and their tenants (shared/auth.py); when set, the
+                        dispatcher authenticates every call and takes its tenant from the key,
+                        and the sandbox's administrative RPCs need a key allowed for their
+                        tenant. Clients send TOOLMESH_API_KEY as `authorization: Bearer`.
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from services.dispatcher.auth import ApiKeys
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.effects import ExportFiles, SqlEffectsStore
 from services.dispatcher.logstore import SqlCallLog
 from services.dispatcher.servicer import DispatcherServicer, GrpcRegistryGateway
 from services.dispatcher.statestore import SqlGuardrailStore
+from shared.auth import ApiKeys
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory

@@ -10,12 +10,12 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services.dispatcher.auth import ApiKeys, Principal
 from services.dispatcher.core import Dispatcher, DispatchOutcome
 from services.dispatcher.effects import ExportEntry, ExportFiles
 from services.dispatcher.guardrails import PolicyRule
 from services.dispatcher.logstore import CallLog
 from shared import convert
+from shared.auth import ApiKeys, Principal
 from shared.clients import traced_call
 from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
 from shared.rpc_errors import from_rpc_error

@@ -13,6 +13,7 @@ from services.sandbox.host import WorkerPool
 from services.sandbox.pipeline import JobPipeline, JobWorkers
 from services.sandbox.repository import SqlSandboxRepository
 from services.sandbox.servicer import SandboxServicer
+from shared.auth import ApiKeys
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.llm.client import LlmClientCache
@@ -64,6 +65,7 @@ async def serve(settings: Settings, port: int) -> None:
         registry_address=settings.address("registry"),
         tracing=settings.tracing,
         on_job_submitted=workers.wake,
+        auth=ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
     )
     server, bound, health = await create_server(
         [

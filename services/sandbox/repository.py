@@ -218,6 +218,41 @@ class SqlSandboxRepository:
             )
             return _tool(row) if row is not None else None
 
+    def set_status(self, name: str, tenant_id: str | None, status: str, reason: str) -> CustomTool:
+        """Review the custom tool `name` of `tenant_id` (None: of whichever tenant owns it).
+        TOOL_NOT_FOUND when that tenant has no such tool (another tenant's is not revealed);
+        NOT_A_CUSTOM_TOOL for a system or MCP tool it can see (the registry reviews those)."""
+        with translate_db_errors(), self._sessions.begin() as s:
+            row = s.scalar(
+                select(ToolDefinitionRow)
+                .where(ToolDefinitionRow.name == name, ToolDefinitionRow.deleted_at.is_(None))
+                .with_for_update()
+            )
+            visible = row is not None and (
+                tenant_id is None
+                or row.tenant_id == tenant_id
+                or (row.tool_type != "custom" and row.tenant_id == "*")
+            )
+            if row is None or not visible:
+                owner = f" of tenant {tenant_id!r}" if tenant_id is not None else ""
+                raise NotFound(
+                    f"no custom tool {name!r}{owner}",
+                    reason="TOOL_NOT_FOUND",
+                    metadata={"tool": name},
+                )
+            if row.tool_type != "custom":
+                raise NotFound(
+                    f"{name!r} is a {row.tool_type} tool, not a custom tool; review it with the "
+                    "registry's SetToolStatus",
+                    reason="NOT_A_CUSTOM_TOOL",
+                    metadata={"tool": name, "tool_type": row.tool_type},
+                )
+            row.status = status
+            row.rejection_reason = (reason or "rejected") if status == "rejected" else None
+            row.updated_at = self._clock()
+            s.flush()
+            return _tool(row)
+
     def record_audit(
         self,
         name: str,

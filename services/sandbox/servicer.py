@@ -1,5 +1,12 @@
 """The sandbox's gRPC servicer: converts requests, awaits the core, converts responses; and the
-per-execution registry channel that a custom tool's call_tool goes through."""
+per-execution registry channel that a custom tool's call_tool goes through.
+
+With API keys configured (TOOLMESH_API_KEYS_FILE, shared.auth), the administrative RPCs —
+RegisterCustomTool, SetCustomToolStatus, SubmitBuildJob, GetJob, ListJobs — need a key allowed
+for the tenant they name (UNAUTHENTICATED without a valid key, PERMISSION_DENIED for another
+tenant's); a request that names none acts for the key's tenant. Execute is the registry's
+internal call (the registry has already resolved the caller's tenant and tool) and stays
+unauthenticated: keep the sandbox on the mesh's private network."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from services.sandbox.core import NAME_RE, Sandbox, validate_definition
 from services.sandbox.repository import CustomTool, Job, SqlSandboxRepository
 from shared import convert
 from shared.arrow_ipc import ipc_to_dataframe
+from shared.auth import ApiKeys
 from shared.clients import open_channel, traced_call
 from shared.contract import ToolResult
 from shared.errors import InvalidArgument
@@ -127,12 +135,33 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         registry_address: str,
         tracing: bool,
         on_job_submitted: Any = None,
+        auth: ApiKeys | None = None,
     ) -> None:
         self._core = core
         self._repo = repo
         self._registry_address = registry_address
         self._tracing = tracing
         self._on_job_submitted = on_job_submitted
+        self._auth = auth
+
+    def _tenant(
+        self,
+        context: grpc.aio.ServicerContext,
+        requested: str,
+        what: str,
+        *,
+        every_when_omitted: bool = False,
+    ) -> str:
+        """The tenant an administrative call acts for. Without API keys: `requested`, as given.
+        With them: the caller's key must be valid and allowed for `requested`; an omitted
+        tenant is the key's own (for an admin key reading, `every_when_omitted`: "" = all)."""
+        if self._auth is None:
+            return requested
+        principal = self._auth.authenticate(context.invocation_metadata())
+        if not requested:
+            return "" if every_when_omitted and principal.admin else principal.tenant_id
+        principal.require_tenant(requested, what)
+        return requested
 
     async def Execute(
         self, request: spb.ExecuteRequest, context: grpc.aio.ServicerContext
@@ -188,6 +217,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self, request: spb.RegisterCustomToolRequest, context: grpc.aio.ServicerContext
     ) -> spb.RegisterCustomToolResponse:
         m = request.tool
+        tenant = self._tenant(context, m.tenant_id, "registering a custom tool")
         if m.tool_type not in (pb.TOOL_TYPE_UNSPECIFIED, pb.TOOL_TYPE_CUSTOM):
             raise InvalidArgument(
                 "RegisterCustomTool registers custom tools only",
@@ -196,11 +226,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         schema = convert.parse_json_object(
             m.input_schema_json or '{"type": "object"}', "tool.input_schema_json"
         )
-        validate_definition(m.name, m.implementation, schema, m.tenant_id)
+        validate_definition(m.name, m.implementation, schema, tenant)
         tool = CustomTool(
             name=m.name,
             implementation=m.implementation,
-            tenant_id=m.tenant_id,
+            tenant_id=tenant,
             description=m.description,
             input_schema=schema,
             enabled=True,
@@ -213,15 +243,36 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         stored = await asyncio.to_thread(self._repo.register, tool)
         return spb.RegisterCustomToolResponse(tool=tool_to_pb(stored))
 
+    async def SetCustomToolStatus(
+        self, request: spb.SetCustomToolStatusRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SetCustomToolStatusResponse:
+        tenant = self._tenant(context, request.tenant_id, "reviewing a custom tool")
+        status = convert.STATUSES.get(request.status)
+        violations = []
+        if not request.name:
+            violations.append(("name", "required"))
+        if status is None:
+            violations.append(("status", "one of approved, rejected, testing, draft"))
+        if violations or status is None:
+            raise InvalidArgument(
+                "invalid review: " + "; ".join(f"{f} {d}" for f, d in violations),
+                field_violations=violations,
+            )
+        tool = await asyncio.to_thread(
+            self._repo.set_status, request.name, tenant or None, status, request.reason
+        )
+        return spb.SetCustomToolStatusResponse(tool=tool_to_pb(tool))
+
     async def SubmitBuildJob(
         self, request: spb.SubmitBuildJobRequest, context: grpc.aio.ServicerContext
     ) -> spb.SubmitBuildJobResponse:
+        tenant = self._tenant(context, request.context.tenant_id, "submitting a build job")
         violations = []
         if not request.request.strip():
             violations.append(("request", "describe the tool to build"))
         if len(request.request) > 8000:
             violations.append(("request", "at most 8000 characters"))
-        if not request.context.tenant_id:
+        if not tenant:
             violations.append(("context.tenant_id", "required"))
         if request.tool_name and not NAME_RE.match(request.tool_name):
             violations.append(("tool_name", "must match [a-zA-Z0-9_-]{1,64}"))
@@ -232,7 +283,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             )
         job = await asyncio.to_thread(
             self._repo.create_job,
-            tenant_id=request.context.tenant_id,
+            tenant_id=tenant,
             tool_name=request.tool_name,
             spec={"request": request.request, "tool_name": request.tool_name},
             conversation_id=request.context.conversation_id,
@@ -244,13 +295,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def GetJob(
         self, request: spb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetJobResponse:
+        tenant = self._tenant(
+            context, request.tenant_id, "reading build jobs", every_when_omitted=True
+        )
         if not request.id:
             raise InvalidArgument("id is required", field_violations=[("id", "empty")])
-        job = await asyncio.to_thread(self._repo.get_job, request.id, request.tenant_id)
+        job = await asyncio.to_thread(self._repo.get_job, request.id, tenant)
         return spb.GetJobResponse(job=job_to_pb(job))
 
     async def ListJobs(
         self, request: spb.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> spb.ListJobsResponse:
-        jobs = await asyncio.to_thread(self._repo.list_jobs, request.tenant_id, request.limit or 50)
+        tenant = self._tenant(
+            context, request.tenant_id, "listing build jobs", every_when_omitted=True
+        )
+        jobs = await asyncio.to_thread(self._repo.list_jobs, tenant, request.limit or 50)
         return spb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])

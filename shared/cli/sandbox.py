@@ -1,8 +1,13 @@
 """The custom-tool commands of `toolmesh`:
 
     toolmesh tools add --code FILE --schema FILE   register (or update) a custom tool as a draft
-    toolmesh tools approve|reject NAME             the registry's SetToolStatus
+    toolmesh tools approve|reject NAME             the sandbox's SetCustomToolStatus (a system or
+                                                   MCP tool: the registry's SetToolStatus)
     toolmesh jobs build "…" | list | show ID       the sandbox's tool-building jobs
+
+Every call sends TOOLMESH_API_KEY, when set, as a bearer token (shared.clients.cli_channel); a
+sandbox with API keys configured then acts for the key's tenant, which is also the default
+`--tenant` (without a key: "default").
 
 `add_tools_subcommands(tools_parser)` hangs add/approve/reject (and `list`, the plain listing)
 under the existing `tools` parser; `add_subcommands(sub)` adds `jobs`. Each command's func is
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +42,7 @@ EXIT_RPC_ERROR = 2
 FINAL_JOB_STATES = (spb.JOB_STATUS_APPROVED, spb.JOB_STATUS_REJECTED, spb.JOB_STATUS_FAILED)
 
 Command = Callable[[argparse.Namespace, Settings], int]
+TENANT_DEFAULT = "default: the API key's tenant with TOOLMESH_API_KEY, else 'default'"
 
 
 def _failed(exc: grpc.RpcError, service: str, address: str) -> int:
@@ -54,6 +61,14 @@ def _sandbox_address(args: argparse.Namespace, settings: Settings) -> str:
 
 def _registry_address(args: argparse.Namespace, settings: Settings) -> str:
     return str(getattr(args, "registry", None) or settings.address("registry"))
+
+
+def _tenant(args: argparse.Namespace, open_default: str = "default") -> str:
+    """--tenant; else, with an API key, empty (the sandbox takes the key's tenant); else
+    `open_default`."""
+    if args.tenant is not None:
+        return str(args.tenant)
+    return "" if os.environ.get("TOOLMESH_API_KEY") else open_default
 
 
 def _read(path: str, what: str) -> str | None:
@@ -86,7 +101,7 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
         input_schema_json=json.dumps(meta["input_schema"]),
         implementation=code,
         tool_type=pb.TOOL_TYPE_CUSTOM,
-        tenant_id=args.tenant,
+        tenant_id=_tenant(args),
         category=str(meta.get("category") or "general"),
         required_capabilities=[str(c) for c in meta.get("required_capabilities") or []],
         timeout_seconds=float(meta.get("timeout_seconds") or 0.0),
@@ -111,19 +126,40 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _set_status(args: argparse.Namespace, settings: Settings, status: int) -> int:
-    address = _registry_address(args, settings)
+    """A custom tool is reviewed by the sandbox (tenant-checked); a system or MCP tool (a
+    pinned MCP definition held in testing, say) by the registry."""
+    address = _sandbox_address(args, settings)
     try:
         with cli_channel(address) as channel:
             tool = (
-                registry_pb2_grpc.RegistryServiceStub(channel)
-                .SetToolStatus(
-                    rpb.SetToolStatusRequest(name=args.name, status=status, reason=args.reason),
+                sandbox_pb2_grpc.SandboxServiceStub(channel)
+                .SetCustomToolStatus(
+                    spb.SetCustomToolStatusRequest(
+                        name=args.name,
+                        tenant_id=_tenant(args, open_default=""),
+                        status=status,
+                        reason=args.reason,
+                    ),
                     timeout=30,
                 )
                 .tool
             )
     except grpc.RpcError as exc:
-        return _failed(exc, "registry", address)
+        if from_rpc_error(exc).reason != "NOT_A_CUSTOM_TOOL":
+            return _failed(exc, "sandbox", address)
+        address = _registry_address(args, settings)
+        try:
+            with cli_channel(address) as channel:
+                tool = (
+                    registry_pb2_grpc.RegistryServiceStub(channel)
+                    .SetToolStatus(
+                        rpb.SetToolStatusRequest(name=args.name, status=status, reason=args.reason),
+                        timeout=30,
+                    )
+                    .tool
+                )
+        except grpc.RpcError as registry_exc:
+            return _failed(registry_exc, "registry", address)
     state = pb.ToolStatus.Name(tool.status).removeprefix("TOOL_STATUS_").lower()
     print(f"{tool.name} v{tool.version} is {state}")
     return EXIT_OK
@@ -163,7 +199,7 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
                 spb.SubmitBuildJobRequest(
                     request=args.request,
                     tool_name=args.name or "",
-                    context=pb.CallContext(tenant_id=args.tenant, user_id="cli"),
+                    context=pb.CallContext(tenant_id=_tenant(args), user_id="cli"),
                 ),
                 timeout=30,
             ).job
@@ -172,7 +208,7 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-                job = stub.GetJob(spb.GetJobRequest(id=job.id, tenant_id=args.tenant)).job
+                job = stub.GetJob(spb.GetJobRequest(id=job.id, tenant_id=job.tenant_id)).job
     except grpc.RpcError as exc:
         return _failed(exc, "sandbox", address)
     _print_job(job, args.json)
@@ -186,7 +222,9 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
         with cli_channel(address) as channel:
             jobs = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
-                .ListJobs(spb.ListJobsRequest(tenant_id=args.tenant, limit=args.limit), timeout=30)
+                .ListJobs(
+                    spb.ListJobsRequest(tenant_id=_tenant(args), limit=args.limit), timeout=30
+                )
                 .jobs
             )
     except grpc.RpcError as exc:
@@ -205,7 +243,7 @@ def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
         with cli_channel(address) as channel:
             job = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
-                .GetJob(spb.GetJobRequest(id=args.id, tenant_id=args.tenant), timeout=30)
+                .GetJob(spb.GetJobRequest(id=args.id, tenant_id=_tenant(args)), timeout=30)
                 .job
             )
     except grpc.RpcError as exc:
@@ -233,7 +271,7 @@ def add_tools_subcommands(tools: argparse.ArgumentParser, list_tools: Command) -
     )
     p.add_argument("--name", help="tool name (default: from the schema file or the code file)")
     p.add_argument("--description", help="what the tool does, for the model")
-    p.add_argument("--tenant", default="default", help="owning tenant ('*' for every tenant)")
+    p.add_argument("--tenant", help=f"owning tenant ('*' for every tenant; {TENANT_DEFAULT})")
     p.add_argument("--sandbox", help="sandbox address (default: from config)")
     p.set_defaults(func=cmd_tools_add)
 
@@ -241,7 +279,12 @@ def add_tools_subcommands(tools: argparse.ArgumentParser, list_tools: Command) -
         p = sub.add_parser(verb, help=f"{verb} a custom tool (or a pinned MCP definition)")
         p.add_argument("name")
         p.add_argument("--reason", default="", help="recorded with the status change")
-        p.add_argument("--registry", help="registry address (default: from config)")
+        p.add_argument(
+            "--tenant",
+            help="the tool's tenant (default: the API key's with TOOLMESH_API_KEY, else any)",
+        )
+        p.add_argument("--sandbox", help="sandbox address (default: from config)")
+        p.add_argument("--registry", help="registry address, for a system or MCP tool")
         p.set_defaults(func=func)
 
 
@@ -261,6 +304,6 @@ def add_subcommands(sub: Any) -> None:
     p.add_argument("id")
     p.set_defaults(func=cmd_jobs_show)
     for parser in (jobs_sub.choices["build"], jobs_sub.choices["list"], jobs_sub.choices["show"]):
-        parser.add_argument("--tenant", default="default")
+        parser.add_argument("--tenant", help=TENANT_DEFAULT)
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--sandbox", help="sandbox address (default: from config)")

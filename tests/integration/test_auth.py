@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.dispatcher.auth import key_digest
+from shared.auth import key_digest
 from shared.clients import cli_channel
 from shared.launcher import start_service
 from shared.telemetry import semconv

@@ -15,8 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from shared.auth import key_digest
 from shared.cli.main import main as toolmesh
-from shared.launcher import start_service
+from shared.clients import cli_channel
+from shared.db.engine import make_engine, session_factory
+from shared.db.models import ToolJobRow
+from shared.launcher import ServiceProcess, start_service
+from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
 from tests.integration.conftest import Mesh, start_mesh
@@ -434,3 +439,138 @@ def test_a_custom_tools_worker_runs_as_an_unprivileged_host_uid_without_capabili
         if os.geteuid() == 0:
             assert int(status["CapBnd"], 16) == int(status["CapInh"], 16) == 0, status
     assert call.result().result.envelope.err.err_kind == "timeout"
+
+
+KEYS = {
+    "sbx-key-a": {"name": "builder-a", "tenant_id": "tenant-a"},
+    "sbx-key-b": {"name": "builder-b", "tenant_id": "tenant-b"},
+    "sbx-key-admin": {"name": "ops", "tenant_id": "ops", "admin": True},
+}
+
+
+@pytest.fixture(scope="module")
+def keyed_sandbox(
+    smesh: Mesh, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A second sandbox on the same database, with API keys configured (and no job workers)."""
+    path = tmp_path_factory.mktemp("sandbox-keys") / "keys.json"
+    entries = [{"key_sha256": key_digest(k), **v} for k, v in KEYS.items()]
+    path.write_text(json.dumps({"keys": entries}))
+    env = {**smesh.env, "TOOLMESH_API_KEYS_FILE": str(path), "TOOLMESH_SANDBOX_JOB_WORKERS": "0"}
+    proc = start_service("sandbox", env=env, port=0)
+    yield proc
+    proc.stop()
+
+
+def as_key(smesh: Mesh, address: str, key: str | None) -> sandbox_pb2_grpc.SandboxServiceStub:
+    channel = cli_channel(address, api_key=key or "")
+    smesh.channels.append(channel)
+    return sandbox_pb2_grpc.SandboxServiceStub(channel)
+
+
+def refused(call: object, *args: object) -> tuple[grpc.StatusCode, str]:
+    """The status code and ErrorInfo reason of a call that must fail."""
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=30)  # type: ignore[operator]
+    return info.value.code(), str(from_rpc_error(info.value).reason)
+
+
+def tool_request(name: str, tenant: str = "") -> spb.RegisterCustomToolRequest:
+    return spb.RegisterCustomToolRequest(
+        tool=pb.ToolDefinition(name=name, implementation="result = 'keyed'", tenant_id=tenant)
+    )
+
+
+def review(name: str, tenant: str = "") -> spb.SetCustomToolStatusRequest:
+    return spb.SetCustomToolStatusRequest(
+        name=name, tenant_id=tenant, status=pb.TOOL_STATUS_APPROVED
+    )
+
+
+def test_with_api_keys_the_admin_rpcs_need_a_key_allowed_for_the_tenant(
+    smesh: Mesh, keyed_sandbox: ServiceProcess
+) -> None:
+    address = keyed_sandbox.address
+    anonymous, stranger = as_key(smesh, address, None), as_key(smesh, address, "not-a-key")
+    a, b = as_key(smesh, address, "sbx-key-a"), as_key(smesh, address, "sbx-key-b")
+    admin = as_key(smesh, address, "sbx-key-admin")
+    assert refused(anonymous.RegisterCustomTool, tool_request("keyed", "tenant-a"))[0] == (
+        grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert refused(stranger.ListJobs, spb.ListJobsRequest())[0] == grpc.StatusCode.UNAUTHENTICATED
+    code, reason = refused(a.RegisterCustomTool, tool_request("keyed", "tenant-b"))
+    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "TENANT_NOT_ALLOWED")
+    assert refused(a.RegisterCustomTool, tool_request("keyed", "*"))[0] == (
+        grpc.StatusCode.PERMISSION_DENIED  # a tool for every tenant is an admin's to add
+    )
+    stored = a.RegisterCustomTool(tool_request("keyed"), timeout=30).tool  # the key's tenant
+    assert stored.tenant_id == "tenant-a" and stored.status == pb.TOOL_STATUS_DRAFT
+
+    # Reviewing: only for the tool's tenant; another tenant's tool is not even revealed.
+    assert refused(b.SetCustomToolStatus, review("keyed", "tenant-a"))[0] == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert refused(b.SetCustomToolStatus, review("keyed"))[0] == grpc.StatusCode.NOT_FOUND
+    approved = a.SetCustomToolStatus(review("keyed"), timeout=30).tool
+    assert approved.status == pb.TOOL_STATUS_APPROVED
+    assert smesh.call("keyed").result.content == "keyed"  # Execute: the registry's own call
+    admin.SetCustomToolStatus(
+        spb.SetCustomToolStatusRequest(
+            name="keyed", tenant_id="tenant-a", status=pb.TOOL_STATUS_REJECTED, reason="no"
+        ),
+        timeout=30,
+    )
+    assert smesh.call("keyed").result.envelope.err.err_kind == "tool_not_approved"
+
+    # Jobs: submitted, read and listed only for the key's tenant (an admin's: any).
+    engine = make_engine(smesh.database_url)
+    with session_factory(engine).begin() as s:
+        s.add(
+            ToolJobRow(id="keyedjob-a", job_type="build", status="approved", tenant_id="tenant-a")
+        )
+    engine.dispose()
+    submit = spb.SubmitBuildJobRequest(request="x", context=pb.CallContext(tenant_id="tenant-a"))
+    assert refused(b.SubmitBuildJob, submit)[0] == grpc.StatusCode.PERMISSION_DENIED
+    assert refused(b.GetJob, spb.GetJobRequest(id="keyedjob-a", tenant_id="tenant-a"))[0] == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert refused(b.GetJob, spb.GetJobRequest(id="keyedjob-a"))[0] == grpc.StatusCode.NOT_FOUND
+    assert refused(b.ListJobs, spb.ListJobsRequest(tenant_id="tenant-a"))[0] == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    assert "keyedjob-a" not in [j.id for j in b.ListJobs(spb.ListJobsRequest()).jobs]
+    assert a.GetJob(spb.GetJobRequest(id="keyedjob-a"), timeout=30).job.tenant_id == "tenant-a"
+    assert "keyedjob-a" in [j.id for j in admin.ListJobs(spb.ListJobsRequest()).jobs]
+
+
+def test_the_cli_sends_its_api_key_to_a_keyed_sandbox(
+    smesh: Mesh,
+    keyed_sandbox: ServiceProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TOOLMESH_SANDBOX_ADDR", keyed_sandbox.address)
+    monkeypatch.setenv("TOOLMESH_REGISTRY_ADDR", smesh.address("registry"))
+    code, schema = tmp_path / "keyed_cli.py", tmp_path / "keyed_cli.json"
+    code.write_text("result = 'via cli'\n")
+    schema.write_text(json.dumps({"type": "object"}))
+    add = ["tools", "add", "--code", str(code), "--schema", str(schema)]
+    monkeypatch.delenv("TOOLMESH_API_KEY", raising=False)
+    assert toolmesh(add) == 2
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    monkeypatch.setenv("TOOLMESH_API_KEY", "sbx-key-b")
+    assert toolmesh(add) == 0  # no --tenant: the key's
+    assert "for tenant tenant-b" in capsys.readouterr().out
+    assert toolmesh(["tools", "approve", "keyed_cli"]) == 0
+    assert smesh.call("keyed_cli", tenant="tenant-b").result.content == "via cli"
+    assert toolmesh(["jobs", "list"]) == 0
+    assert toolmesh(["jobs", "list", "--tenant", "tenant-a"]) == 2
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+    monkeypatch.setenv("TOOLMESH_API_KEY", "sbx-key-a")
+    assert toolmesh(["tools", "reject", "keyed_cli", "--tenant", "tenant-b"]) == 2
+    assert toolmesh(["tools", "reject", "keyed_cli"]) == 2  # tenant-a has no such tool
+    assert "NOT_FOUND" in capsys.readouterr().err
+    # A system tool is not the sandbox's to review: the CLI goes to the registry for it.
+    assert toolmesh(["tools", "approve", "ping"]) == 0
+    assert "ping" in capsys.readouterr().out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.dispatcher.auth import ApiKeys, Principal, key_digest
+from shared.auth import ApiKeys, Principal, key_digest
 from shared.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 

@@ -91,6 +91,24 @@ class RegisterCustomToolResponse(_message.Message):
     tool: _types_pb2.ToolDefinition
     def __init__(self, tool: _Optional[_Union[_types_pb2.ToolDefinition, _Mapping]] = ...) -> None: ...
 
+class SetCustomToolStatusRequest(_message.Message):
+    __slots__ = ("name", "tenant_id", "status", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tenant_id: str
+    status: _types_pb2.ToolStatus
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.ToolStatus, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetCustomToolStatusResponse(_message.Message):
+    __slots__ = ("tool",)
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    tool: _types_pb2.ToolDefinition
+    def __init__(self, tool: _Optional[_Union[_types_pb2.ToolDefinition, _Mapping]] = ...) -> None: ...
+
 class Job(_message.Message):
     __slots__ = ("id", "tool_name", "job_type", "status", "spec_json", "result_json", "progress_pct", "tenant_id", "conversation_id", "created_at", "updated_at")
     ID_FIELD_NUMBER: _ClassVar[int]

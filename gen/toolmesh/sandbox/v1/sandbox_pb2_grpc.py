@@ -45,6 +45,11 @@ class SandboxServiceStub:
                 request_serializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolResponse.FromString,
                 _registered_method=True)
+        self.SetCustomToolStatus = channel.unary_unary(
+                '/toolmesh.sandbox.v1.SandboxService/SetCustomToolStatus',
+                request_serializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusResponse.FromString,
+                _registered_method=True)
         self.SubmitBuildJob = channel.unary_unary(
                 '/toolmesh.sandbox.v1.SandboxService/SubmitBuildJob',
                 request_serializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SubmitBuildJobRequest.SerializeToString,
@@ -76,6 +81,13 @@ class SandboxServiceServicer:
 
     def RegisterCustomTool(self, request, context):
         """Registers or updates a custom tool manually (status draft; version bumped on update).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCustomToolStatus(self, request, context):
+        """Reviews a custom tool: approved (visible to the tenant's model), rejected, or back to draft.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,6 +126,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.RegisterCustomTool,
                     request_deserializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolRequest.FromString,
                     response_serializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolResponse.SerializeToString,
+            ),
+            'SetCustomToolStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCustomToolStatus,
+                    request_deserializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusRequest.FromString,
+                    response_serializer=toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusResponse.SerializeToString,
             ),
             'SubmitBuildJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitBuildJob,
@@ -186,6 +203,33 @@ class SandboxService:
             '/toolmesh.sandbox.v1.SandboxService/RegisterCustomTool',
             toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolRequest.SerializeToString,
             toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.RegisterCustomToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCustomToolStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.sandbox.v1.SandboxService/SetCustomToolStatus',
+            toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusRequest.SerializeToString,
+            toolmesh_dot_sandbox_dot_v1_dot_sandbox__pb2.SetCustomToolStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

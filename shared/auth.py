@@ -1,8 +1,10 @@
-"""Who is calling the dispatcher, the mesh's edge. With TOOLMESH_API_KEYS_FILE set, every RPC
-must carry `authorization: Bearer <key>`; the key's principal decides the tenant (a request's
-own tenant_id is overwritten, never trusted), caps the capabilities a call may claim, and scopes
-the log, events, cancellation and policy administration. Without the file the dispatcher runs
-open (development): the request's tenant_id is taken as given.
+"""API keys: who is calling. With TOOLMESH_API_KEYS_FILE set, the dispatcher (the mesh's edge)
+and the sandbox's administrative RPCs (custom tools, their review, build jobs) require
+`authorization: Bearer <key>` on every call. At the dispatcher the key's principal decides the
+tenant (a request's own tenant_id is overwritten, never trusted), caps the capabilities a call
+may claim, and scopes the log, events, cancellation and policy administration; at the sandbox a
+request naming a tenant the key may not act for is PERMISSION_DENIED. Without the file both run
+open (a trusted mesh, or development): the request's tenant_id is taken as given.
 
 The keys file is JSON — only SHA-256 digests of keys are stored, never the keys:
 
@@ -50,6 +52,19 @@ class Principal:
         if self.capabilities is None:
             return sorted(set(requested))
         return sorted(set(requested) & self.capabilities)
+
+    def may_act_for(self, tenant: str) -> bool:
+        """Its own tenant, or any tenant for an admin ("*", every tenant, is admin-only)."""
+        return self.admin or tenant == self.tenant_id
+
+    def require_tenant(self, tenant: str, what: str) -> None:
+        if not self.may_act_for(tenant):
+            raise PermissionDenied(
+                f"{what} for tenant {tenant!r} is not allowed for the API key {self.name!r}, "
+                f"which acts for tenant {self.tenant_id!r} only",
+                reason="TENANT_NOT_ALLOWED",
+                metadata={"tenant_id": tenant, "key": self.name},
+            )
 
     def require_admin(self, what: str) -> None:
         if not self.admin:
@@ -99,7 +114,8 @@ class ApiKeys:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated(
-                "this dispatcher requires an API key: send 'authorization: Bearer <key>'",
+                "this service requires an API key: send 'authorization: Bearer <key>' (the "
+                "CLI sends TOOLMESH_API_KEY)",
                 reason="API_KEY_MISSING",
             )
         digest = key_digest(token.strip())
