@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from shared.auth import AUTH_HEADER
 from shared.errors import Unavailable
 from shared.rpc_errors import from_rpc_error
 from shared.server import MAX_MESSAGE_BYTES
@@ -30,8 +31,39 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def open_channel(
+    address: str, api_key: str | None = None, options: list[tuple[str, Any]] | None = None
+) -> grpc.aio.Channel:
+    """A channel to a mesh service. With an API key (`api_key`, else this process's
+    TOOLMESH_API_KEY: a service's own key) every call carries it as a bearer token, for services
+    that check keys (TOOLMESH_API_KEYS_FILE)."""
+    key = api_key if api_key is not None else os.environ.get("TOOLMESH_API_KEY", "")
+    interceptors = [_AioBearerAuth(key), _AioBearerAuthStream(key)] if key else None
+    return grpc.aio.insecure_channel(
+        address, options=options or CHANNEL_OPTIONS, interceptors=interceptors
+    )
+
+
+def _with_bearer(details: Any, key: str) -> Any:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add(AUTH_HEADER, f"Bearer {key}")
+    return details._replace(metadata=metadata)
+
+
+class _AioBearerAuth(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_bearer(details, self._key), request)
+
+
+class _AioBearerAuthStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_bearer(details, self._key), request)
 
 
 async def traced_call(

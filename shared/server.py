@@ -19,6 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from shared.auth import ApiKeys
 from shared.errors import Internal, ToolmeshError
 from shared.rpc_errors import to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
@@ -31,13 +32,66 @@ _UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):
-    """Per RPC: a SERVER span continuing the caller's trace, and the mapping of ToolmeshError to
-    a rich status (any other exception becomes INTERNAL without a traceback)."""
+@dataclass(frozen=True)
+class MeshAuth:
+    """API keys on a mesh-internal service (TOOLMESH_API_KEYS_FILE): every RPC but health and
+    reflection needs a known key, and `admin_methods` (method names, or "*" for all) an admin
+    key. With `scoped`, a non-admin key must name its own tenant wherever a request has a
+    `tenant_id` or `context.tenant_id` (an empty one included: no implicit "every tenant").
+    The mesh's services call each other with their own admin key (TOOLMESH_API_KEY, sent by
+    shared.clients.open_channel)."""
 
-    def __init__(self, tracing: bool, *, trust_baggage: bool = True) -> None:
+    keys: ApiKeys
+    admin_methods: frozenset[str] = frozenset()
+    scoped: bool = True
+
+    def check(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        principal = self.keys.authenticate(context.invocation_metadata())
+        if principal.admin:
+            return
+        if name in self.admin_methods or "*" in self.admin_methods:
+            principal.require_admin(name)
+        tenant = request_tenant(request) if self.scoped else None
+        if tenant is not None:
+            principal.require_tenant(tenant, name)
+
+
+def mesh_auth(
+    api_keys_file: str, *, admin_methods: Iterable[str] = (), scoped: bool = True
+) -> MeshAuth | None:
+    """The MeshAuth of a service whose settings name a keys file (None without one)."""
+    if not api_keys_file:
+        return None
+    if not os.environ.get("TOOLMESH_API_KEY"):
+        logger.warning(
+            "TOOLMESH_API_KEYS_FILE is set but TOOLMESH_API_KEY is not: this service's own "
+            "calls to other services that check keys will be refused"
+        )
+    return MeshAuth(ApiKeys.load(api_keys_file), frozenset(admin_methods), scoped)
+
+
+def request_tenant(request: Any) -> str | None:
+    """The tenant a request names (its `tenant_id`, else its `context.tenant_id`), or None when
+    it has no such field."""
+    fields = getattr(getattr(request, "DESCRIPTOR", None), "fields_by_name", {})
+    if "tenant_id" in fields:
+        return str(request.tenant_id)
+    if "context" in fields and "tenant_id" in request.context.DESCRIPTOR.fields_by_name:
+        return str(request.context.tenant_id)
+    return None
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Per RPC: a SERVER span continuing the caller's trace, the API-key check when the service
+    has one, and the mapping of ToolmeshError to a rich status (any other exception becomes
+    INTERNAL without a traceback)."""
+
+    def __init__(
+        self, tracing: bool, *, trust_baggage: bool = True, auth: MeshAuth | None = None
+    ) -> None:
         self._tracing = tracing
         self._trust_baggage = trust_baggage
+        self._auth = auth
         # method -> (the service's handler, its wrapped handler): wrapped once per method, not
         # once per RPC (building the closures and the handler object costs on every call).
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -59,7 +113,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        traced = self._tracing and not method.startswith(_UNTRACED_PREFIXES)
+        infrastructure = method.startswith(_UNTRACED_PREFIXES)
+        traced = self._tracing and not infrastructure
+        auth = None if infrastructure else self._auth
         service, _, name = method.lstrip("/").rpartition("/")
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
         span_name = method.lstrip("/")
@@ -92,6 +148,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with start_span(context) as span:
                     try:
+                        if auth is not None:
+                            auth.check(name, request, context)
                         return await inner(request, context)
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
@@ -107,6 +165,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with start_span(context) as span:
                     try:
+                        if auth is not None:
+                            auth.check(name, request, context)
                         async for item in inner_stream(request, context):
                             yield item
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
@@ -163,13 +223,15 @@ async def create_server(
     port: int,
     tracing: bool,
     trust_baggage: bool = True,
+    auth: MeshAuth | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start a server with health, reflection and the interceptor. Returns the bound
     port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
-    trust_baggage=False: W3C baggage from its callers is dropped, never propagated."""
+    trust_baggage=False: W3C baggage from its callers is dropped, never propagated. With `auth`,
+    every RPC but health and reflection is checked against the API keys."""
     bindings = list(bindings)
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(tracing, trust_baggage=trust_baggage)],
+        interceptors=[ServerInterceptor(tracing, trust_baggage=trust_baggage, auth=auth)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -17,6 +17,7 @@ from shared.server import (
     ServiceBinding,
     create_server,
     install_stop_signals,
+    mesh_auth,
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
@@ -58,6 +59,8 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        # Connections run commands and reach URLs: only the mesh's own (admin) keys.
+        auth=mesh_auth(settings.api_keys_file, admin_methods=("*",)),
     )
     restored = await core.restore()
     if restored:

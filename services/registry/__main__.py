@@ -21,6 +21,7 @@ from shared.server import (
     ServiceBinding,
     create_server,
     install_stop_signals,
+    mesh_auth,
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
@@ -92,6 +93,10 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        auth=mesh_auth(
+            settings.api_keys_file,
+            admin_methods=("SeedSystemTools", "UpsertTools", "DeleteTools", "SetToolStatus"),
+        ),
     )
     # Composition re-enters the registry: an explicit address (e.g. a load balancer) wins,
     # otherwise this very process.

@@ -17,7 +17,7 @@ from services.registry.context import ToolContext
 from services.registry.model import ToolDef
 from services.registry.servicer import context_to_pb
 from shared import convert
-from shared.clients import CHANNEL_OPTIONS
+from shared.clients import CHANNEL_OPTIONS, open_channel
 from shared.contract import Err, ToolResult, envelope_to_tool_result
 from shared.errors import Unavailable
 from shared.rpc_errors import from_rpc_error
@@ -75,7 +75,7 @@ class McpRoute:
 
     def _stub(self) -> mcp_bridge_pb2_grpc.McpBridgeServiceStub:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address, options=_CHANNEL_OPTIONS)
+            self._channel = open_channel(self._address, options=_CHANNEL_OPTIONS)
         return mcp_bridge_pb2_grpc.McpBridgeServiceStub(self._channel)
 
     async def close(self) -> None:

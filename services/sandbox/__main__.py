@@ -22,6 +22,7 @@ from shared.server import (
     ServiceBinding,
     create_server,
     install_stop_signals,
+    mesh_auth,
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
@@ -78,6 +79,9 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        # Execute is the registry's (an admin key); the tool and job RPCs scope tenants in
+        # the servicer itself.
+        auth=mesh_auth(settings.api_keys_file, admin_methods=("Execute",), scoped=False),
     )
     workers.start()
     announce_ready(SERVICE, f"{settings.host}:{bound}")

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 from google.protobuf import json_format
 
+from shared.clients import cli_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -157,7 +158,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if not address:
         print("error: no registry address (set TOOLMESH_REGISTRY_ADDR)", file=sys.stderr)
         return EXIT_RPC_ERROR
-    with grpc.insecure_channel(address) as channel:
+    with cli_channel(address) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         try:
             response = stub.GetContractStats(
@@ -190,7 +191,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
         group_by=args.by, tool_name=args.tool or "", tenant_id=args.tenant or ""
     )
     request.since.FromDatetime(since)
-    with grpc.insecure_channel(address) as channel:
+    with cli_channel(address) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         try:
             response = stub.GetUsageStats(request, timeout=args.timeout)

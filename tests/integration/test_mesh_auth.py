@@ -1,0 +1,180 @@
+"""API keys across the mesh (TOOLMESH_API_KEYS_FILE on every service): each service calls the
+others with its own key (TOOLMESH_API_KEY), so a tenant's call still runs end to end —
+dispatcher -> registry -> sandbox -> registry (call_tool) — while a caller that reaches an
+internal service directly needs a key, an admin key for what administers or runs things
+(approving tools, MCP connections, sandbox executions), and its own tenant otherwise."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shared.auth import key_digest
+from shared.clients import cli_channel
+from shared.launcher import start_service
+from shared.telemetry.collector import MemorySpanSink
+from tests.integration.conftest import Mesh, start_mesh
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
+from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.registry.v1 import registry_pb2_grpc
+from toolmesh.sandbox.v1 import sandbox_pb2 as spb
+from toolmesh.sandbox.v1 import sandbox_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+SERVICE_KEY = "mesh-service-key"
+KEYS = {
+    SERVICE_KEY: {"name": "mesh", "tenant_id": "mesh", "admin": True},
+    "tenant-key": {"name": "backend-t", "tenant_id": "keyed-t"},
+    "other-key": {"name": "backend-o", "tenant_id": "keyed-o"},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    tmp_path_factory: pytest.TempPathFactory, collector: tuple[MemorySpanSink, int]
+) -> Iterator[Mesh]:
+    tmp = tmp_path_factory.mktemp("mesh-auth")
+    keys = tmp / "keys.json"
+    keys.write_text(
+        json.dumps({"keys": [{"key_sha256": key_digest(k), **v} for k, v in KEYS.items()]})
+    )
+    sink, port = collector
+    sandbox_port, bridge_port = _free_port(), _free_port()
+    extra = {
+        "TOOLMESH_API_KEYS_FILE": str(keys),
+        "TOOLMESH_API_KEY": SERVICE_KEY,
+        "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}",
+        "TOOLMESH_MCP_BRIDGE_ADDR": f"127.0.0.1:{bridge_port}",
+        "TOOLMESH_TOOL_CACHE_TTL_S": "0",
+    }
+    m = start_mesh("sqlite", f"sqlite:///{Path(tmp)}/toolmesh.db", tmp, sink, port, extra)
+    try:
+        m.processes["sandbox"] = start_service("sandbox", env=m.env, port=sandbox_port)
+        m.processes["mcp_bridge"] = start_service("mcp_bridge", env=m.env, port=bridge_port)
+    except Exception:
+        m.close()
+        raise
+    yield m
+    m.close()
+
+
+def stub(m: Mesh, service: str, key: str | None, factory: Callable[[Any], Any]) -> Any:
+    channel = cli_channel(m.address(service), api_key=key or "")
+    m.channels.append(channel)
+    return factory(channel)
+
+
+def refused(call: Callable[..., Any], request: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request, timeout=30)
+    return info.value.code(), info.value.details() or ""
+
+
+def test_a_tenants_call_runs_end_to_end_through_a_keyed_mesh(keyed: Mesh) -> None:
+    sandbox = stub(keyed, "sandbox", "tenant-key", sandbox_pb2_grpc.SandboxServiceStub)
+    sandbox.RegisterCustomTool(
+        spb.RegisterCustomToolRequest(
+            tool=pb.ToolDefinition(
+                name="keyed_echo",
+                description="echo through call_tool",
+                implementation="a = call_tool('ping', {'echo': 7})\nresult = str(a['ok'])",
+                input_schema_json=json.dumps({"type": "object"}),
+                tenant_id="keyed-t",
+            )
+        ),
+        timeout=30,
+    )
+    admin_registry = stub(keyed, "registry", SERVICE_KEY, registry_pb2_grpc.RegistryServiceStub)
+    admin_registry.SetToolStatus(
+        rpb.SetToolStatusRequest(name="keyed_echo", status=pb.TOOL_STATUS_APPROVED), timeout=30
+    )
+    dispatcher = stub(keyed, "dispatcher", "tenant-key", dispatcher_pb2_grpc.DispatcherServiceStub)
+    response = dispatcher.DispatchToolCall(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name="keyed_echo", input_json="{}"),
+            context=pb.CallContext(conversation_id="keyed-conv"),
+        ),
+        timeout=60,
+    )
+    assert response.result.envelope.WhichOneof("kind") == "ok", response.result.content
+    assert response.result.content == "True"
+
+
+def test_internal_services_refuse_callers_without_the_right_key(keyed: Mesh) -> None:
+    def registry(key: str | None) -> Any:
+        return stub(keyed, "registry", key, registry_pb2_grpc.RegistryServiceStub)
+
+    ping = rpb.ExecuteToolRequest(
+        name="ping", input_json="{}", context=pb.CallContext(tenant_id="keyed-t")
+    )
+    code, detail = refused(registry(None).ExecuteTool, ping)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "API key" in detail
+    code, _ = refused(registry("not-a-key").ExecuteTool, ping)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    # A tenant key works for its own tenant only, never for another or for "every tenant".
+    assert registry("tenant-key").ExecuteTool(ping, timeout=30).result.envelope.HasField("ok")
+    code, detail = refused(registry("other-key").ExecuteTool, ping)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "keyed-t" in detail
+    code, _ = refused(registry("tenant-key").ListTools, rpb.ListToolsRequest())
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    code, detail = refused(
+        registry("tenant-key").SetToolStatus,
+        rpb.SetToolStatusRequest(name="ping", status=pb.TOOL_STATUS_REJECTED),
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "admin" in detail
+
+    # The bridge runs commands: only the mesh's admin keys may touch it.
+    bridge_t = stub(keyed, "mcp_bridge", "tenant-key", mcp_bridge_pb2_grpc.McpBridgeServiceStub)
+    launch = mpb.ConnectRequest(
+        server=mpb.ServerConfig(
+            name="evil",
+            transport=mpb.TRANSPORT_STDIO,
+            command="/bin/sh",
+            args=["-c", "touch /tmp/toolmesh-pwned"],
+            tenant_id="keyed-t",
+        )
+    )
+    code, _ = refused(bridge_t.Connect, launch)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert not Path("/tmp/toolmesh-pwned").exists()
+    code, _ = refused(
+        stub(keyed, "mcp_bridge", None, mcp_bridge_pb2_grpc.McpBridgeServiceStub).ListConnections,
+        mpb.ListConnectionsRequest(),
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    admin_bridge = stub(keyed, "mcp_bridge", SERVICE_KEY, mcp_bridge_pb2_grpc.McpBridgeServiceStub)
+    admin_bridge.ListConnections(mpb.ListConnectionsRequest(), timeout=30)
+
+    # Only the registry (an admin key) runs code in the sandbox.
+    sandbox_t = stub(keyed, "sandbox", "tenant-key", sandbox_pb2_grpc.SandboxServiceStub)
+    code, _ = refused(
+        sandbox_t.Execute,
+        spb.ExecuteRequest(
+            tool_name="x", code="result = 1", input_json="{}", context=pb.CallContext()
+        ),
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+
+    # Health stays open, for load balancers and orchestrators.
+    for service in ("registry", "mcp_bridge", "sandbox"):
+        health = stub(keyed, service, None, health_pb2_grpc.HealthStub)
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
