@@ -6,7 +6,11 @@
 * search_tools (SearchTools) over the 1,000 tools, hybrid ranking, a distinct query per call
   (no query-embedding cache hits) and a fresh conversation per call (every call pages in).
 
-    make bench            # or: python -m bench.surface_overhead [--n 500]
+    make bench            # or: python -m bench.surface_overhead [--n 500] [--rounds 3]
+
+The in-service figures are measured in several rounds (each one prints; a summary gives the
+range of p50 and p99 over the rounds): on a shared machine one round can land in another
+process's burst.
 
 Targets (issue 6): AssembleTools p99 under 5 ms in-service; search_tools p50 under 20 ms.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
-from bench.measure import measure_latency, ratio_line
+from bench.measure import LatencyStats, measure_latency, ratio_line
 from services.surface.core import Caller, SurfaceCore
 from services.surface.embedding import encode_vector, load_embedder
 from services.surface.search import embedding_text
@@ -83,15 +87,26 @@ def populate(url: str) -> list[str]:
     return queries
 
 
-async def in_service(url: str, queries: list[str], n: int) -> None:
+def spread(name: str, rounds: list[LatencyStats], target: str) -> str:
+    """One summary line: the p50 and p99 ranges over the rounds."""
+    p50 = sorted(r.p50_ms for r in rounds)
+    p99 = sorted(r.p99_ms for r in rounds)
+    return (
+        f"{name}: p50 {p50[0]:.3f}-{p50[-1]:.3f} ms (median {p50[len(p50) // 2]:.3f}), "
+        f"p99 {p99[0]:.3f}-{p99[-1]:.3f} ms (median {p99[len(p99) // 2]:.3f}) "
+        f"over {len(rounds)} rounds   ({target})"
+    )
+
+
+async def in_service(url: str, queries: list[str], n: int, rounds: int) -> None:
     engine = make_engine(url)
     sessions = session_factory(engine)
-    core = SurfaceCore(SqlSurfaceStore(sessions), ModelConfigStore(sessions), load_embedder())
+    embedder = load_embedder()
+    core = SurfaceCore(SqlSurfaceStore(sessions), ModelConfigStore(sessions), embedder)
     caller = Caller("bench-tenant", conversation_id="bench")
     surface = await core.assemble(caller)
     print(f"surface size: {len(surface.tools)} tools ({WORKING_SET} paged in)")
-    assemble = await measure_latency(lambda: core.assemble(caller), n=n, warmup=100)
-    print(f"AssembleTools in-service: {assemble}   (target: p99 < 5 ms)")
+    index = (await core.catalog()).index
     counter = itertools.count()
 
     async def search() -> None:
@@ -99,16 +114,31 @@ async def in_service(url: str, queries: list[str], n: int) -> None:
         query = f"{queries[i % len(queries)]} (request {i})"
         await core.search(query, 5, Caller("bench-tenant", conversation_id=f"search-{i}"))
 
-    stats = await measure_latency(search, n=max(n // 2, 50), warmup=20)
-    print(f"search_tools in-service:  {stats}   (target: p50 < 20 ms)")
-    index = (await core.catalog()).index
-
     async def rank_only() -> None:
         i = next(counter)
         index.search(f"{queries[i % len(queries)]} (rank {i})", 5)
 
-    ranked = await measure_latency(rank_only, n=max(n // 2, 50), warmup=20)
-    print(f"  of which ranking alone (query embedding + BM25 + fusion): {ranked}")
+    async def embed_only() -> None:
+        i = next(counter)
+        if embedder is not None:
+            embedder.embed([f"{queries[i % len(queries)]} (embed {i})"])
+
+    assembled: list[LatencyStats] = []
+    searched: list[LatencyStats] = []
+    for r in range(1, rounds + 1):
+        assemble = await measure_latency(lambda: core.assemble(caller), n=n, warmup=100)
+        stats = await measure_latency(search, n=max(n // 2, 50), warmup=20)
+        ranked = await measure_latency(rank_only, n=max(n // 2, 50), warmup=20)
+        embedded = await measure_latency(embed_only, n=max(n // 2, 50), warmup=20)
+        assembled.append(assemble)
+        searched.append(stats)
+        print(f"round {r}/{rounds}")
+        print(f"  AssembleTools in-service: {assemble}")
+        print(f"  search_tools in-service:  {stats}")
+        print(f"    ranking alone (query embedding + BM25 + fusion): {ranked}")
+        print(f"    query embedding alone: {embedded}")
+    print(spread("AssembleTools in-service", assembled, "target: p99 < 5 ms"))
+    print(spread("search_tools in-service ", searched, "target: p50 < 20 ms"))
     await core.close()
     engine.dispose()
 
@@ -157,13 +187,14 @@ async def over_grpc(url: str, tmp: Path, queries: list[str], n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.surface_overhead")
     parser.add_argument("--n", type=int, default=500, help="sequential calls per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="in-service measurement rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="toolmesh-bench-surface-") as tmp:
         url = f"sqlite:///{tmp}/toolmesh.db"
         upgrade(url)
         queries = populate(url)
         print(f"surface benchmark: {TOOLS} tools, SQLite, embeddings stored")
-        asyncio.run(in_service(url, queries, args.n))
+        asyncio.run(in_service(url, queries, args.n, args.rounds))
         asyncio.run(over_grpc(url, Path(tmp), queries, args.n))
 
 

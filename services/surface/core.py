@@ -4,8 +4,8 @@ configs. Imports no grpc; tested without a network.
 
 State lives in the database (working sets, the stored floor, misses), so any replica answers any
 call. Each replica caches a catalog snapshot (re-read when the catalog's fingerprint changes,
-checked at most every `catalog_ttl_s`) with the provider renderings precomputed, and the floor
-for `floor_ttl_s`."""
+checked in the background at most every `catalog_ttl_s`) with the provider renderings and the
+search index precomputed, and the floor for `floor_ttl_s`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from services.surface.tier0 import (
     encode_floor,
     parse_floor,
 )
-from shared.errors import InvalidArgument
+from shared.errors import InvalidArgument, ToolmeshError
 from shared.llm.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ class _State:
     catalog: Catalog | None = None
     checked_at: float = -1e18
     embed_task: asyncio.Task[int] | None = None
+    refresh_task: asyncio.Task[None] | None = None
     models: dict[str, _Cached] = field(default_factory=dict)
     logged_missing: set[str] = field(default_factory=set)
 
@@ -154,10 +155,23 @@ class SurfaceCore:
         return self._embedder
 
     async def catalog(self, *, force: bool = False) -> Catalog:
-        """The current catalog snapshot, re-read when the stored catalog changed."""
+        """The current catalog snapshot, re-read when the stored catalog changed.
+
+        Once a snapshot is loaded, no request waits on the freshness check (an aggregate over
+        tool_definitions, embeddings included: milliseconds): when the snapshot is older than
+        `catalog_ttl_s`, one background refresh checks while requests keep answering from the
+        snapshot. `catalog_ttl_s=0` checks on every call instead, in line."""
         state = self._state
-        if not force and state.catalog is not None and not self._catalog_stale():
-            return state.catalog
+        if not force and state.catalog is not None:
+            if not self._catalog_stale():
+                return state.catalog
+            if self._catalog_ttl_s > 0:
+                self._start_refresh()
+                return state.catalog
+        return await self._refresh(force=force)
+
+    async def _refresh(self, *, force: bool) -> Catalog:
+        state = self._state
         async with self._lock:
             if not force and state.catalog is not None and not self._catalog_stale():
                 return state.catalog
@@ -175,6 +189,21 @@ class SurfaceCore:
         if catalog.missing_vectors and self._embedder is not None:
             self._start_embedding()
         return catalog
+
+    def _start_refresh(self) -> None:
+        task = self._state.refresh_task
+        if task is not None and not task.done():
+            return
+        self._state.refresh_task = asyncio.get_running_loop().create_task(
+            self._refresh_in_background()
+        )
+
+    async def _refresh_in_background(self) -> None:
+        try:
+            await self._refresh(force=False)
+        except ToolmeshError as exc:
+            # The snapshot stays in use; the next stale request tries again.
+            logger.warning("catalog refresh failed: %s", exc.message)
 
     def _catalog_stale(self) -> bool:
         return self._clock() - self._state.checked_at >= self._catalog_ttl_s
@@ -449,10 +478,10 @@ class SurfaceCore:
         return stored
 
     async def close(self) -> None:
-        task = self._state.embed_task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._state.refresh_task, self._state.embed_task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 NAME_REPEAT = 3  # the name's words count this many times in the lexical document
 QUERY_CACHE_SIZE = 256
+MASK_CACHE_SIZE = 64
 
 _SPLIT = re.compile(r"[^a-z0-9]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -183,15 +185,23 @@ class SearchIndex:
                     matrix[i] = t.vector
                     self._has_vector[i] = True
             self._vectors = matrix
+        self._hybrid = self._vectors is not None and bool(self._has_vector.any())
+        self._all = np.ones(len(self.tools), dtype=bool)
+        self._all.flags.writeable = False
+        # search() runs on worker threads: the caches below change under this lock.
+        self._cache_lock = threading.Lock()
+        self._masks: dict[frozenset[str], npt.NDArray[np.bool_]] = {}
         self._query_cache: OrderedDict[str, npt.NDArray[np.float32]] = OrderedDict()
 
     @property
     def hybrid(self) -> bool:
         """Whether embeddings take part in ranking."""
-        return self._vectors is not None and bool(self._has_vector.any())
+        return self._hybrid
 
     def _build_lexical(self) -> None:
-        self._postings: dict[str, list[tuple[int, int]]] = {}
+        """Per term, the tools that contain it and their whole BM25 contribution: with k1, b
+        and the document lengths fixed for the index, a query's score is a sum of these."""
+        postings: dict[str, list[tuple[int, int]]] = {}
         lengths = []
         for i, t in enumerate(self.tools):
             doc = terms(t.name) * NAME_REPEAT + terms(t.description)
@@ -199,38 +209,57 @@ class SearchIndex:
                 doc += terms(f)
             lengths.append(len(doc))
             for term, tf in Counter(doc).items():
-                self._postings.setdefault(term, []).append((i, tf))
-        self._lengths = np.array(lengths or [0], dtype=np.float32)
-        self._avg_len = float(self._lengths.mean()) if lengths else 0.0
+                postings.setdefault(term, []).append((i, tf))
         n = len(self.tools)
-        self._idf = {
-            term: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5))
-            for term, p in self._postings.items()
-        }
+        length = np.array(lengths, dtype=np.float64)
+        avg_len = float(length.mean()) if lengths else 0.0
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * length / max(avg_len, 1e-9))
+        self._postings: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]] = {}
+        for term, p in postings.items():
+            idf = math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5))
+            rows = np.array([i for i, _ in p], dtype=np.intp)
+            freq = np.array([f for _, f in p], dtype=np.float64)
+            weights = idf * freq * (BM25_K1 + 1) / (freq + norm[rows])
+            self._postings[term] = (rows, weights.astype(np.float32))
 
     def bm25(self, query: str) -> npt.NDArray[np.float32]:
         scores = np.zeros(len(self.tools), dtype=np.float32)
-        if not self.tools:
-            return scores
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * self._lengths / max(self._avg_len, 1e-9))
-        for term in set(terms(query)):
-            idf = self._idf.get(term)
-            if idf is None:
-                continue
-            for i, tf in self._postings[term]:
-                scores[i] += idf * tf * (BM25_K1 + 1) / (tf + norm[i])
+        for term in dict.fromkeys(terms(query)):
+            posting = self._postings.get(term)
+            if posting is not None:
+                rows, weights = posting
+                scores[rows] += weights  # a tool appears once per posting list
         return scores
+
+    def _mask(self, allowed: Collection[str] | None) -> npt.NDArray[np.bool_]:
+        """The tools among `allowed` as a boolean mask; cached per allowed set (the core hands
+        over the same frozenset per caller kind and catalog snapshot)."""
+        if allowed is None:
+            return self._all
+        key = allowed if isinstance(allowed, frozenset) else frozenset(allowed)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = np.zeros(len(self.tools), dtype=bool)
+            mask[[self.position[name] for name in key if name in self.position]] = True
+            mask.flags.writeable = False
+            with self._cache_lock:
+                if len(self._masks) >= MASK_CACHE_SIZE:
+                    self._masks.clear()
+                self._masks[key] = mask
+        return mask
 
     def _query_vector(self, query: str) -> npt.NDArray[np.float32]:
         assert self._embedder is not None
-        cached = self._query_cache.get(query)
-        if cached is not None:
-            self._query_cache.move_to_end(query)
-            return cached
+        with self._cache_lock:
+            cached = self._query_cache.get(query)
+            if cached is not None:
+                self._query_cache.move_to_end(query)
+                return cached
         vec = self._embedder.embed([query])[0]
-        self._query_cache[query] = vec
-        if len(self._query_cache) > QUERY_CACHE_SIZE:
-            self._query_cache.popitem(last=False)
+        with self._cache_lock:
+            self._query_cache[query] = vec
+            if len(self._query_cache) > QUERY_CACHE_SIZE:
+                self._query_cache.popitem(last=False)
         return vec
 
     def search(
@@ -245,13 +274,7 @@ class SearchIndex:
         lexical or semantic relation to the query is never returned."""
         if not self.tools or limit <= 0:
             return []
-        mask = np.ones(len(self.tools), dtype=bool)
-        if allowed is not None:
-            mask[:] = False
-            for name in allowed:
-                i = self.position.get(name)
-                if i is not None:
-                    mask[i] = True
+        mask = self._mask(allowed)
         lexical = self.bm25(query)
         relevant = lexical > 0
         if self.hybrid and not lexical_only:

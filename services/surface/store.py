@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import Connection, Engine, Table, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +23,9 @@ from shared.db.models import (
     ToolExecutionLogRow,
     WorkingSetEntryRow,
 )
+
+_WORKING_SET = cast(Table, WorkingSetEntryRow.__table__)
+_MISSES = cast(Table, SurfaceMissRow.__table__)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,25 @@ class SqlSurfaceStore:
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
+        engine = sessions.kw.get("bind")
+        if not isinstance(engine, Engine):
+            raise TypeError("SqlSurfaceStore needs a sessionmaker bound to an Engine")
+        self._engine = engine
+        insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        w = _WORKING_SET
+        self._read_working_set = (
+            select(w.c.tool_name)
+            .where(
+                w.c.conversation_id == bindparam("conversation_id"),
+                w.c.namespace_id == bindparam("namespace_id"),
+            )
+            .order_by(w.c.id)
+        )
+        self._insert_working_set = insert(w).on_conflict_do_nothing().returning(w.c.tool_name)
+        m = _MISSES
+        self._count_miss = insert(m).on_conflict_do_update(
+            index_elements=[m.c.tool_name, m.c.day], set_={"count": m.c.count + 1}
+        )
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -147,16 +169,19 @@ class SqlSurfaceStore:
         return stored
 
     # --- working sets -------------------------------------------------------------------------
+    # On the request path (every AssembleTools reads the working set, every search_tools pages
+    # in), so these are SQLAlchemy Core statements built once and run on a plain connection:
+    # the ORM session's unit of work and per-call statement compilation cost more than the
+    # database itself.
 
     def working_set(self, conversation_id: str, namespace_id: str) -> list[str]:
-        w = WorkingSetEntryRow
-        stmt = (
-            select(w.tool_name)
-            .where(w.conversation_id == conversation_id, w.namespace_id == namespace_id)
-            .order_by(w.id)
-        )
-        with translate_db_errors(), self._sessions() as s:
-            return list(s.scalars(stmt))
+        with translate_db_errors(), self._engine.connect() as conn:
+            return list(
+                conn.execute(
+                    self._read_working_set,
+                    {"conversation_id": conversation_id, "namespace_id": namespace_id},
+                ).scalars()
+            )
 
     def add_to_working_set(
         self, conversation_id: str, namespace_id: str, names: Sequence[str]
@@ -164,8 +189,8 @@ class SqlSurfaceStore:
         """Add names (idempotent under concurrent replicas); returns those newly added."""
         if not names:
             return []
-        with translate_db_errors(), self._sessions.begin() as s:
-            return self._add(s, conversation_id, namespace_id, names)
+        with translate_db_errors(), self._engine.begin() as conn:
+            return self._add(conn, conversation_id, namespace_id, names)
 
     def page_in(
         self,
@@ -175,68 +200,49 @@ class SqlSurfaceStore:
         floor: frozenset[str],
         now: datetime,
     ) -> list[str]:
-        """search_tools' write in one transaction: add names to the working set and count a
-        surface miss for each newly added name outside `floor`. Returns the names added."""
+        """search_tools' write in one transaction of two statements: add names to the working
+        set and count a surface miss for each newly added name outside `floor`. Returns the
+        names added."""
         if not names:
             return []
-        with translate_db_errors(), self._sessions.begin() as s:
-            added = self._add(s, conversation_id, namespace_id, names)
-            self._misses(s, [n for n in added if n not in floor], now)
+        with translate_db_errors(), self._engine.begin() as conn:
+            added = self._add(conn, conversation_id, namespace_id, names)
+            self._misses(conn, [n for n in added if n not in floor], now)
         return added
 
     def _add(
-        self, s: Session, conversation_id: str, namespace_id: str, names: Sequence[str]
+        self, conn: Connection, conversation_id: str, namespace_id: str, names: Sequence[str]
     ) -> list[str]:
-        rows: list[dict[str, Any]] = [
+        """One INSERT .. ON CONFLICT DO NOTHING RETURNING: the names it returns are the ones
+        this call added (a name another replica added first is not returned)."""
+        unique = list(dict.fromkeys(names))
+        created = datetime.now(UTC)
+        rows = [
             {
                 "conversation_id": conversation_id,
                 "namespace_id": namespace_id,
                 "tool_name": n,
-                "created_at": datetime.now(UTC),
+                "created_at": created,
             }
-            for n in dict.fromkeys(names)
+            for n in unique
         ]
-        before = set(self._names(s, conversation_id, namespace_id))
-        fresh = [r for r in rows if r["tool_name"] not in before]
-        if fresh:
-            insert = (
-                postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
-            )
-            s.execute(insert(WorkingSetEntryRow).values(fresh).on_conflict_do_nothing())
-        return [str(r["tool_name"]) for r in fresh]
-
-    @staticmethod
-    def _names(s: Session, conversation_id: str, namespace_id: str) -> list[str]:
-        w = WorkingSetEntryRow
-        return list(
-            s.scalars(
-                select(w.tool_name).where(
-                    w.conversation_id == conversation_id, w.namespace_id == namespace_id
-                )
-            )
-        )
+        inserted = set(conn.execute(self._insert_working_set, rows).scalars())
+        return [n for n in unique if n in inserted]
 
     # --- tier 0 inputs ------------------------------------------------------------------------
 
     def record_misses(self, names: Iterable[str], now: datetime) -> None:
-        with translate_db_errors(), self._sessions.begin() as s:
-            self._misses(s, names, now)
+        with translate_db_errors(), self._engine.begin() as conn:
+            self._misses(conn, names, now)
 
-    @staticmethod
-    def _misses(s: Session, names: Iterable[str], now: datetime) -> None:
+    def _misses(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
         names = list(dict.fromkeys(names))
         if not names:
             return
         day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-        m = SurfaceMissRow
-        insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
-        for name in names:
-            stmt = insert(m).values(tool_name=name, day=day, count=1)
-            s.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=[m.tool_name, m.day], set_={"count": m.count + 1}
-                )
-            )
+        conn.execute(
+            self._count_miss, [{"tool_name": name, "day": day, "count": 1} for name in names]
+        )
 
     def _bucketed(self, name_col: Any, time_col: Any, weight: Any, now: datetime) -> Any:
         recent = now - timedelta(days=AGE_BUCKETS[0][0])

@@ -1,10 +1,14 @@
 """The surface core over the real SQL store (SQLite and PostgreSQL): sticky working sets shared
 by replicas, the floor's fallback, TTL cache and derivation, search paging within the budget and
-surface-miss counting, and bad requests."""
+surface-miss counting, the catalog refreshed off the request path, and bad requests."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,7 +18,7 @@ from services.surface.core import Caller, SurfaceCore
 from services.surface.store import SqlSurfaceStore
 from services.surface.tier0 import ANCHORS, SEED_KEY, STATIC_FLOOR
 from shared.db.models import ToolDefinitionRow
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import InvalidArgument, NotFound, Unavailable
 from shared.llm.config import ModelConfigStore
 
 FLOOR_TOOLS = ("search_tools", "query", "load_dataset")
@@ -163,3 +167,70 @@ async def test_unknown_mode_and_model_are_refused(tools: sessionmaker[Session]) 
     with pytest.raises(NotFound) as info:
         await core(tools).assemble(Caller("tenant", model="nope"))
     assert info.value.reason == "MODEL_NOT_CONFIGURED"
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_stale_catalog_is_refreshed_in_the_background(
+    tools: sessionmaker[Session],
+) -> None:
+    clock = Clock()
+    c = SurfaceCore(
+        SqlSurfaceStore(tools), ModelConfigStore(tools), None, catalog_ttl_s=2.0, clock=clock
+    )
+    before = await c.catalog()
+    add_tools(tools, [("crm_merge_leads", "Merge two sales leads in the CRM")])
+    assert await c.catalog() is before  # within the TTL: no check at all
+    clock.t += 3
+    # Past the TTL the caller still gets the snapshot at once; a background task re-reads.
+    assert await c.catalog() is before
+
+    async def refreshed() -> bool:
+        return "crm_merge_leads" in (await c.catalog()).tools
+
+    await wait_until(refreshed)
+    outcome = await c.search("merge two leads", 1, Caller("tenant", conversation_id="merge"))
+    assert outcome.paged_in == ["crm_merge_leads"]
+    await c.close()
+
+
+class FailingFingerprint(SqlSurfaceStore):
+    """The real store whose catalog check finds the database unreachable."""
+
+    failing = False
+
+    def catalog_fingerprint(self) -> tuple[Any, ...]:
+        if self.failing:
+            raise Unavailable("database unavailable", reason="DATABASE_UNAVAILABLE")
+        return super().catalog_fingerprint()
+
+
+async def test_a_failed_background_refresh_keeps_the_snapshot(
+    tools: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    store = FailingFingerprint(tools)
+    c = SurfaceCore(store, ModelConfigStore(tools), None, catalog_ttl_s=2.0, clock=clock)
+    before = await c.catalog()
+    store.failing = True
+    clock.t += 3
+    assert await c.catalog() is before
+
+    async def logged() -> bool:
+        return "catalog refresh failed" in caplog.text
+
+    await wait_until(logged)
+    assert (await c.assemble(CALLER)).names  # still answering from the snapshot
+    store.failing = False
+    add_tools(tools, [("crm_merge_leads", "Merge two sales leads in the CRM")])
+
+    async def recovered() -> bool:
+        return "crm_merge_leads" in (await c.catalog()).tools
+
+    await wait_until(recovered)
+    await c.close()

@@ -3,6 +3,8 @@ real bundled embedding model; the lexical fallback without it; the tokenizer; st
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,9 @@ from services.surface.embedding import (
     load_embedder,
 )
 from services.surface.search import (
+    BM25_B,
+    BM25_K1,
+    NAME_REPEAT,
     IndexedTool,
     SearchIndex,
     build_index,
@@ -87,6 +92,43 @@ def test_lexical_fallback_returns_nothing_unrelated() -> None:
 def test_allowed_names_restrict_results() -> None:
     index = build_index(TOOLS, None)
     assert index.search("slack message", 5, allowed={"github_create_issue"}) == []
+
+
+def test_each_allowed_set_restricts_its_own_searches() -> None:
+    index = build_index(TOOLS, None)
+    chat = frozenset({"slack_send_message", "github_create_issue"})
+    billing = frozenset({"stripe_refund_charge"})
+    for _ in range(2):  # the second round answers from the per-set masks
+        assert {m.name for m in index.search("message issue refund", 5, chat)} == chat
+        assert [m.name for m in index.search("message issue refund", 5, billing)] == [
+            "stripe_refund_charge"
+        ]
+        assert len(index.search("message issue refund", 5)) == 3
+
+
+def test_bm25_scores_are_the_okapi_formula() -> None:
+    index = build_index(TOOLS, None)
+    docs = [
+        terms(t.name) * NAME_REPEAT + terms(t.description) + [w for f in t.fields for w in terms(f)]
+        for t in TOOLS
+    ]
+    avg = sum(len(d) for d in docs) / len(docs)
+    query = terms("send the message about the refund charge")
+
+    def okapi(doc: list[str]) -> float:
+        score = 0.0
+        for term in set(query):
+            df = sum(term in d for d in docs)
+            tf = doc.count(term)
+            if tf:
+                idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))
+                norm = BM25_K1 * (1 - BM25_B + BM25_B * len(doc) / avg)
+                score += idf * tf * (BM25_K1 + 1) / (tf + norm)
+        return score
+
+    want = [okapi(d) for d in docs]
+    assert max(want) > 0 and min(want) == 0
+    assert np.allclose(index.bm25("send the message about the refund charge"), want, rtol=1e-5)
 
 
 def test_hybrid_finds_paraphrases_bm25_misses(embedder: MiniLMEmbedder) -> None:
