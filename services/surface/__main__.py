@@ -24,6 +24,7 @@ from shared.server import (
     ServiceBinding,
     create_server,
     install_stop_signals,
+    mesh_auth,
     serve_until_signalled,
 )
 from shared.service_main import announce_ready, service_main
@@ -72,6 +73,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        auth=mesh_auth(settings.api_keys_file, admin_methods=("DeriveTier0", "UpsertModelConfig")),
     )
     rederive = asyncio.ensure_future(
         _rederive_periodically(core, settings.surface_derive_interval_s)

@@ -1,8 +1,9 @@
 """API keys across the mesh (TOOLMESH_API_KEYS_FILE on every service): each service calls the
 others with its own key (TOOLMESH_API_KEY), so a tenant's call still runs end to end —
-dispatcher -> registry -> sandbox -> registry (call_tool) — while a caller that reaches an
-internal service directly needs a key, an admin key for what administers or runs things
-(approving tools, MCP connections, sandbox executions), and its own tenant otherwise."""
+dispatcher -> registry -> sandbox -> registry (call_tool), registry -> surface — while a
+caller that reaches an internal service directly needs a key, an admin key for what
+administers or runs things (approving tools, MCP connections, sandbox executions, deriving the
+tool floor), and its own tenant otherwise."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.sandbox.v1 import sandbox_pb2 as spb
 from toolmesh.sandbox.v1 import sandbox_pb2_grpc
+from toolmesh.surface.v1 import surface_pb2, surface_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -57,18 +59,20 @@ def keyed(
         json.dumps({"keys": [{"key_sha256": key_digest(k), **v} for k, v in KEYS.items()]})
     )
     sink, port = collector
-    sandbox_port, bridge_port = _free_port(), _free_port()
+    sandbox_port, bridge_port, surface_port = _free_port(), _free_port(), _free_port()
     extra = {
         "TOOLMESH_API_KEYS_FILE": str(keys),
         "TOOLMESH_API_KEY": SERVICE_KEY,
         "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}",
         "TOOLMESH_MCP_BRIDGE_ADDR": f"127.0.0.1:{bridge_port}",
+        "TOOLMESH_SURFACE_ADDR": f"127.0.0.1:{surface_port}",
         "TOOLMESH_TOOL_CACHE_TTL_S": "0",
     }
     m = start_mesh("sqlite", f"sqlite:///{Path(tmp)}/toolmesh.db", tmp, sink, port, extra)
     try:
         m.processes["sandbox"] = start_service("sandbox", env=m.env, port=sandbox_port)
         m.processes["mcp_bridge"] = start_service("mcp_bridge", env=m.env, port=bridge_port)
+        m.processes["surface"] = start_service("surface", env=m.env, port=surface_port)
     except Exception:
         m.close()
         raise
@@ -116,6 +120,15 @@ def test_a_tenants_call_runs_end_to_end_through_a_keyed_mesh(keyed: Mesh) -> Non
     )
     assert response.result.envelope.WhichOneof("kind") == "ok", response.result.content
     assert response.result.content == "True"
+    # search_tools: the registry asks the surface with its own key.
+    search = dispatcher.DispatchToolCall(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name="search_tools", input_json='{"query": "run a SQL query"}'),
+            context=pb.CallContext(conversation_id="keyed-conv"),
+        ),
+        timeout=60,
+    )
+    assert search.result.envelope.WhichOneof("kind") == "ok", search.result.content
 
 
 def test_internal_services_refuse_callers_without_the_right_key(keyed: Mesh) -> None:
@@ -173,8 +186,18 @@ def test_internal_services_refuse_callers_without_the_right_key(keyed: Mesh) -> 
     )
     assert code == grpc.StatusCode.PERMISSION_DENIED
 
+    # The surface: a tenant assembles its own tools only; deriving the floor is an admin's.
+    surface_t = stub(keyed, "surface", "tenant-key", surface_pb2_grpc.SurfaceServiceStub)
+    surface_t.AssembleTools(surface_pb2.AssembleToolsRequest(tenant_id="keyed-t"), timeout=30)
+    code, _ = refused(
+        surface_t.AssembleTools, surface_pb2.AssembleToolsRequest(tenant_id="keyed-o")
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    code, _ = refused(surface_t.DeriveTier0, surface_pb2.DeriveTier0Request())
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+
     # Health stays open, for load balancers and orchestrators.
-    for service in ("registry", "mcp_bridge", "sandbox"):
+    for service in ("registry", "mcp_bridge", "sandbox", "surface"):
         health = stub(keyed, service, None, health_pb2_grpc.HealthStub)
         status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
