@@ -47,6 +47,7 @@ FRAME_RESOURCE = 0
 FRAME_SPANS = 1
 FRAME_FLUSH = 2
 _RESTART_BACKOFF_S = 1.0
+_SHUTDOWN_FLUSH_MS = 5000
 
 PackedSpan = tuple[Any, ...]
 
@@ -232,7 +233,9 @@ class RelaySpanProcessor(SpanProcessor):
             return self._await_ack(seq, deadline)
 
     def shutdown(self) -> None:
-        self.force_flush(10_000)
+        # Bounded: a collector that is down must not hold a stopping service for long (the
+        # exporter's own retries run in the child; what it has not sent by then is lost).
+        self.force_flush(_SHUTDOWN_FLUSH_MS)
         self._stopping = True
         self._wake.set()
         self._writer.join(timeout=5)
@@ -240,7 +243,7 @@ class RelaySpanProcessor(SpanProcessor):
         if child is not None:
             _close_quietly(child.stdin)
             try:
-                child.wait(timeout=10)
+                child.wait(timeout=_SHUTDOWN_FLUSH_MS / 1000)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait(timeout=5)
