@@ -6,8 +6,12 @@ one run. Figures are ratios within the run: absolute numbers on a shared machine
     make bench            # or: python -m bench.mcp_overhead [--n 300] [--duration 2]
 
 The server is `@modelcontextprotocol/server-everything` (its `echo` tool) when node/npm are
-available, else the repository's own raw stdio test server. Target (issue 5): what the mesh adds
-over the direct SDK call is at most 1.5x the raw 3-hop chain's p50.
+available, else the repository's own raw stdio test server. Target: what the mesh adds over the
+direct SDK call is at most 1.5x the raw 3-hop chain's p50.
+
+The bridge hop on its own is measured too: McpBridgeService.CallTool called directly (one gRPC
+hop, server-streaming, tracing on) against a raw 1-hop chain, so the bridge's share of the added
+time can be told apart from the dispatcher's and the registry's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import itertools
 import socket
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -106,14 +111,26 @@ def start_mesh(tmp: Path, collector_port: int) -> list[ServiceProcess]:
     return processes
 
 
+@dataclass
+class MeshFigures:
+    """The mesh measured end to end (DispatchToolCall) and its bridge hop alone (CallTool)."""
+
+    mesh: LatencyStats
+    mesh_throughput: float
+    bridge: LatencyStats
+
+
 async def bench_mesh(
     command: list[str], collector_port: int, n: int, duration: float, concurrency: int
-) -> tuple[LatencyStats, float]:
+) -> MeshFigures:
     with tempfile.TemporaryDirectory(prefix="toolmesh-bench-mcp-") as tmp:
         registry, dispatcher, bridge = start_mesh(Path(tmp), collector_port)
         try:
+            context = pb.CallContext(tenant_id="bench", conversation_id="bench")
+            counter = itertools.count()
             async with grpc.aio.insecure_channel(bridge.address) as channel:
-                await mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel).Connect(
+                bridge_stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel)
+                await bridge_stub.Connect(
                     mpb.ConnectRequest(
                         server=mpb.ServerConfig(
                             name="bench",
@@ -124,10 +141,21 @@ async def bench_mesh(
                     ),
                     timeout=120,
                 )
+
+                async def call_bridge() -> None:
+                    request = mpb.CallToolRequest(
+                        connection="bench",
+                        tool="echo",
+                        arguments_json=f'{{"message": "m{next(counter)}"}}',
+                        context=context,
+                    )
+                    messages = [m async for m in bridge_stub.CallTool(request)]
+                    if not messages or messages[-1].result.error:
+                        raise RuntimeError(f"CallTool failed: {messages}")
+
+                bridge_lat = await measure_latency(call_bridge, n=n, warmup=min(50, n))
             async with grpc.aio.insecure_channel(dispatcher.address) as channel:
                 stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
-                context = pb.CallContext(tenant_id="bench", conversation_id="bench")
-                counter = itertools.count()
 
                 async def call() -> None:
                     # A distinct input per call: identical consecutive calls trip the loop guard.
@@ -141,23 +169,30 @@ async def bench_mesh(
                     if response.result.error:
                         raise RuntimeError(response.result.error)
 
-                return await measure(call, n, duration, concurrency)
+                mesh_lat, mesh_tp = await measure(call, n, duration, concurrency)
+                return MeshFigures(mesh_lat, mesh_tp, bridge_lat)
         finally:
             for proc in (bridge, dispatcher, registry):
                 proc.stop()
 
 
-async def bench_raw(n: int, duration: float, concurrency: int) -> tuple[LatencyStats, float]:
-    chain = ProcessEchoChain(hops=3)
+async def bench_raw(
+    n: int, duration: float, concurrency: int, hops: int = 3
+) -> tuple[LatencyStats, float | None]:
+    """A raw chain of `hops` processes; throughput only when `duration` is positive."""
+    chain = ProcessEchoChain(hops=hops)
     try:
         payload = b"x" * 64
 
         async def call() -> None:
             await chain.call(payload)
 
-        result = await measure(call, n, duration, concurrency)
+        if duration > 0:
+            latency, throughput = await measure(call, n, duration, concurrency)
+        else:
+            latency, throughput = await measure_latency(call, n=n, warmup=min(50, n)), None
         await chain.close()
-        return result
+        return latency, throughput
     finally:
         chain.stop()
 
@@ -166,11 +201,14 @@ async def main_async(n: int, duration: float, concurrency: int) -> None:
     command, label = server_command()
     with SpanCounter() as sink:
         raw_lat, raw_tp = await bench_raw(n, duration, concurrency)
+        hop_lat, _ = await bench_raw(n, 0, concurrency, hops=1)
         direct_lat, direct_tp = await bench_direct(command, n, duration, concurrency)
-        mesh_lat, mesh_tp = await bench_mesh(command, sink.port, n, duration, concurrency)
+        figures = await bench_mesh(command, sink.port, n, duration, concurrency)
+    mesh_lat, mesh_tp = figures.mesh, figures.mesh_throughput
     added = mesh_lat.p50_ms - direct_lat.p50_ms
+    bridge_added = figures.bridge.p50_ms - direct_lat.p50_ms
     print(f"MCP `echo` of {label} over stdio: through the mesh vs the MCP SDK directly")
-    print(f"  raw 3-hop grpc.aio chain: {raw_lat}; {raw_tp:.0f} calls/s at {concurrency}")
+    print(f"  raw 3-hop grpc.aio chain: {raw_lat}; {raw_tp or 0:.0f} calls/s at {concurrency}")
     print(f"  direct SDK call:          {direct_lat}; {direct_tp:.0f} calls/s")
     print(f"  through the mesh:         {mesh_lat}; {mesh_tp:.0f} calls/s ({sink.count} spans)")
     print("  " + ratio_line("mesh p50 vs direct", mesh_lat.p50_ms, direct_lat.p50_ms, "ms"))
@@ -181,6 +219,10 @@ async def main_async(n: int, duration: float, concurrency: int) -> None:
         + "   (target <= 1.5x)"
     )
     print("  " + ratio_line(f"throughput@{concurrency} vs direct", mesh_tp, direct_tp, "calls/s"))
+    print("  the bridge hop alone (CallTool called directly, no dispatcher or registry):")
+    print(f"    raw 1-hop grpc.aio chain: {hop_lat}")
+    print(f"    CallTool:                 {figures.bridge}")
+    print("    " + ratio_line("added p50 vs raw 1-hop p50", bridge_added, hop_lat.p50_ms, "ms"))
 
 
 def main() -> None:

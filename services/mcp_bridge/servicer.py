@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.mcp_bridge.core import McpBridge
+from services.mcp_bridge.core import CallOutcome, McpBridge
 from services.mcp_bridge.model import (
     ConnectionInfo,
     InventoryReport,
@@ -137,35 +137,31 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
         _require_name(request.connection, "connection")
         _require_name(request.tool, "tool")
         arguments = convert.parse_json_object(request.arguments_json, "arguments_json")
-        updates: asyncio.Queue[ProgressUpdate] = asyncio.Queue()
+        # Progress updates and the end of the call arrive on one queue (None: the call is
+        # over), so waiting for the next message is a single await, with no waiter task.
+        events: asyncio.Queue[ProgressUpdate | None] = asyncio.Queue()
 
         async def on_progress(update: ProgressUpdate) -> None:
-            updates.put_nowait(update)
+            events.put_nowait(update)
 
-        call = asyncio.ensure_future(
-            self._core.call_tool(
-                request.connection,
-                request.tool,
-                arguments,
-                timeout_s=request.timeout_seconds,
-                on_progress=on_progress,
-            )
-        )
-        waiter: asyncio.Future[ProgressUpdate] | None = None
+        async def run() -> CallOutcome:
+            try:
+                return await self._core.call_tool(
+                    request.connection,
+                    request.tool,
+                    arguments,
+                    timeout_s=request.timeout_seconds,
+                    on_progress=on_progress,
+                )
+            finally:
+                events.put_nowait(None)
+
+        call = asyncio.ensure_future(run())
         try:
-            while not call.done():
-                waiter = asyncio.ensure_future(updates.get())
-                await asyncio.wait({call, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if waiter.done():
-                    yield _progress_pb(waiter.result())
-                else:
-                    waiter.cancel()
-            while not updates.empty():
-                yield _progress_pb(updates.get_nowait())
+            while (update := await events.get()) is not None:
+                yield _progress_pb(update)
             outcome = call.result()
         finally:
-            if waiter is not None and not waiter.done():
-                waiter.cancel()
             if not call.done():
                 # The caller went away (cancelled or deadline): cancel the call on the session.
                 call.cancel()

@@ -28,6 +28,12 @@ from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
 logger = logging.getLogger(__name__)
 
 _METHOD = "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool"
+_SPAN_ATTRIBUTES = {
+    "rpc.system": "grpc",
+    "rpc.service": _METHOD.rpartition("/")[0],
+    "rpc.method": "CallTool",
+    "peer.service": "mcp_bridge",
+}
 # Extra room for the bridge to answer a timed-out call with its own Err before the deadline.
 _DEADLINE_SLACK_S = 10.0
 # A restarted bridge is reachable again within a second, not after gRPC's default backoff.
@@ -72,16 +78,21 @@ class McpRoute:
         self._tracing = tracing
         self._default_timeout_s = default_timeout_s
         self._channel: grpc.aio.Channel | None = None
+        self._call_tool: Any = None
 
-    def _stub(self) -> mcp_bridge_pb2_grpc.McpBridgeServiceStub:
-        if self._channel is None:
+    def _call_tool_method(self) -> Any:
+        """The CallTool multicallable, made once per channel (a stub builds one for every method
+        of the service each time it is constructed)."""
+        if self._call_tool is None:
             self._channel = open_channel(self._address, options=_CHANNEL_OPTIONS)
-        return mcp_bridge_pb2_grpc.McpBridgeServiceStub(self._channel)
+            self._call_tool = mcp_bridge_pb2_grpc.McpBridgeServiceStub(self._channel).CallTool
+        return self._call_tool
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+            self._call_tool = None
 
     async def execute(
         self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
@@ -107,19 +118,14 @@ class McpRoute:
         with tracer().start_as_current_span(
             _METHOD,
             kind=SpanKind.CLIENT,
-            attributes={
-                "rpc.system": "grpc",
-                "rpc.service": _METHOD.rpartition("/")[0],
-                "rpc.method": "CallTool",
-                "peer.service": "mcp_bridge",
-            },
+            attributes=_SPAN_ATTRIBUTES,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
             metadata = inject_metadata({}) if self._tracing else {}
             result: mpb.CallToolResponse | None = None
             try:
-                stream = self._stub().CallTool(
+                stream = self._call_tool_method()(
                     request,
                     metadata=tuple(metadata.items()),
                     timeout=timeout + _DEADLINE_SLACK_S,
