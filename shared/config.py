@@ -72,8 +72,6 @@ class Settings:
     otlp_endpoint       OTEL_EXPORTER_OTLP_ENDPOINT (standard); empty exports nothing.
     otlp_protocol       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
                         (standard): "grpc" (default) or "http/protobuf".
-    span_relay          TOOLMESH_SPAN_RELAY, default on — encode and export spans in a child
-                        process, off the service's event loop and GIL (off: in-process batch).
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
@@ -138,7 +136,6 @@ class Settings:
     tracing: bool = True
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
-    span_relay: bool = True
     log_level: str = "INFO"
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
@@ -205,7 +202,6 @@ class Settings:
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
-            span_relay=_bool(env.get("TOOLMESH_SPAN_RELAY"), True),
             otlp_protocol=(
                 env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")

@@ -42,13 +42,7 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
     provider.add_span_processor(BaggageSpanProcessor(semconv.BAGGAGE_ALLOWLIST.__contains__))
     if settings.otlp_endpoint:
         # Batching is tuned by the standard OTEL_BSP_* variables (schedule delay, batch size).
-        # The relay encodes and exports in a child process, off this process's GIL.
-        if settings.span_relay:
-            from shared.telemetry.relay import RelaySpanProcessor
-
-            provider.add_span_processor(RelaySpanProcessor(provider.resource))
-        else:
-            provider.add_span_processor(BatchSpanProcessor(span_exporter(settings)))
+        provider.add_span_processor(BatchSpanProcessor(span_exporter(settings)))
     trace.set_tracer_provider(provider)
     _provider = provider
     global _tracer
