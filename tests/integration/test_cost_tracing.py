@@ -160,13 +160,13 @@ def test_a_composing_tool_with_llm_calls_is_one_trace_with_costs_rolled_up(
         {"question": "what is up?"},
         tenant="tenant-cost",
         conversation="cost-trace",
-        tool_use_id="toolu_cost_trace",
+        tool_use_id=f"toolu_cost_trace_{cost_mesh.backend}",
     )
     nested, own = price(1000, 200), price(2000, 100)
     assert err_kind(response) == "ok", response.result.content
     assert response.result.cost_usd == pytest.approx(nested + own)
 
-    spans = trace_of(sink, "toolu_cost_trace", "compose_llm")
+    spans = trace_of(sink, f"toolu_cost_trace_{cost_mesh.backend}", "compose_llm")
     by_id = {s.span_id: s for s in spans}
     assert {s.service_name for s in spans} == {"toolmesh-dispatcher", "toolmesh-registry"}
     (root,) = [s for s in spans if not s.parent_span_id]
@@ -308,7 +308,7 @@ def test_client_baggage_is_dropped_at_the_dispatcher(cost_mesh: Mesh) -> None:
         {"echo": 1},
         tenant="tenant-honest",
         conversation="baggage",
-        tool_use_id="toolu_baggage",
+        tool_use_id=f"toolu_baggage_{cost_mesh.backend}",
         metadata=(
             (
                 "baggage",
@@ -317,7 +317,7 @@ def test_client_baggage_is_dropped_at_the_dispatcher(cost_mesh: Mesh) -> None:
         ),
     )
     assert err_kind(response) == "ok"
-    spans = trace_of(cost_mesh.spans, "toolu_baggage", "compose_ping")
+    spans = trace_of(cost_mesh.spans, f"toolu_baggage_{cost_mesh.backend}", "compose_ping")
     registry_spans = [s for s in spans if s.service_name == "toolmesh-registry"]
     assert len(registry_spans) >= 4
     for span in spans:
@@ -432,11 +432,11 @@ def test_toolmesh_trace_and_stats_show_the_call_and_its_cost(
         {"question": "show me"},
         tenant="tenant-cli",
         conversation="cli-trace",
-        tool_use_id="toolu_cli_trace",
+        tool_use_id=f"toolu_cli_trace_{cost_mesh.backend}",
     )
     assert err_kind(response) == "ok"
     total = price(100, 100) + price(200, 100)
-    spans = trace_of(cost_mesh.spans, "toolu_cli_trace", "compose_llm")
+    spans = trace_of(cost_mesh.spans, f"toolu_cli_trace_{cost_mesh.backend}", "compose_llm")
     JsonlSpanSink(tmp_path / "spans.jsonl").add(spans)
     settings = Settings.from_env({"TOOLMESH_DATA_DIR": str(tmp_path)})
 

@@ -330,8 +330,10 @@ def test_a_cancel_stops_a_running_call_within_a_second_and_the_handler_with_it(
     mesh: Mesh,
 ) -> None:
     conv = "cancel-here"
+    # Both backends' meshes export to one collector: the id names the backend's own call.
+    call_id = f"toolu_cancel_here_{mesh.backend}"
     started = time.monotonic()
-    future = in_flight_call(mesh, conv, "toolu_cancel_here", delay_ms=8000)
+    future = in_flight_call(mesh, conv, call_id, delay_ms=8000)
     # The dispatcher knows the call before it has reached the registry; give it time to
     # arrive there, so the cancellation has a running handler to stop (8 s of sleep left).
     time.sleep(1.0)
@@ -347,13 +349,13 @@ def test_a_cancel_stops_a_running_call_within_a_second_and_the_handler_with_it(
     response = future.result(timeout=5)
     assert time.monotonic() - cancelled_at < 1.0
     assert time.monotonic() - started < 5.0
-    assert list(cancelled.cancelled_tool_use_ids) == ["toolu_cancel_here"]
+    assert list(cancelled.cancelled_tool_use_ids) == [call_id]
     assert err_kind(response) == "cancelled"
     # Nothing is left running: neither in the dispatcher...
     again = mesh.dispatcher.Cancel(dpb.CancelRequest(conversation_id=conv, tenant_id="tenant-a"))
     assert again.cancelled_calls == 0 and "no active calls" in again.message
     # ...nor in the registry.
-    assert_registry_handler_stopped(mesh, "toolu_cancel_here")
+    assert_registry_handler_stopped(mesh, call_id)
     outcome = events_of(mesh, conv, "tenant-a", "outcome")[-1]
     assert outcome["status"] == "cancelled"
 
@@ -373,7 +375,8 @@ def test_a_cancel_sent_to_another_replica_stops_the_call_through_the_database(
     mesh: Mesh, second_dispatcher: dispatcher_pb2_grpc.DispatcherServiceStub
 ) -> None:
     conv = "cancel-elsewhere"
-    future = in_flight_call(mesh, conv, "toolu_cancel_elsewhere", delay_ms=8000)
+    call_id = f"toolu_cancel_elsewhere_{mesh.backend}"  # one collector for both backends
+    future = in_flight_call(mesh, conv, call_id, delay_ms=8000)
     time.sleep(1.0)  # let the call reach the registry's handler (see the test above)
 
     def cancel_once_known() -> dpb.CancelResponse | None:
@@ -388,7 +391,7 @@ def test_a_cancel_sent_to_another_replica_stops_the_call_through_the_database(
     assert time.monotonic() - cancelled_at < 1.0
     assert cancelled.cancelled_calls == 0  # the call ran on the first replica
     assert err_kind(response) == "cancelled"
-    assert_registry_handler_stopped(mesh, "toolu_cancel_elsewhere")
+    assert_registry_handler_stopped(mesh, call_id)
 
 
 def test_a_cancel_for_an_unknown_conversation_is_a_no_op_that_says_so(mesh: Mesh) -> None:
