@@ -13,7 +13,6 @@ from services.sandbox.host import WorkerPool
 from services.sandbox.pipeline import JobPipeline, JobWorkers
 from services.sandbox.repository import SqlSandboxRepository
 from services.sandbox.servicer import SandboxServicer
-from shared.auth import ApiKeys
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.llm.client import LlmClientCache
@@ -60,13 +59,16 @@ async def serve(settings: Settings, port: int) -> None:
         max_attempts=settings.sandbox_job_max_attempts,
     )
     workers = JobWorkers(pipeline, count=settings.sandbox_job_workers)
+    # Execute is the registry's (an admin key); the tool and job RPCs scope tenants in the
+    # servicer itself, with the same keys.
+    auth = mesh_auth(settings.api_keys_file, admin_methods=("Execute",), scoped=False)
     servicer = SandboxServicer(
         core,
         repo,
         registry_address=settings.address("registry"),
         tracing=settings.tracing,
         on_job_submitted=workers.wake,
-        auth=ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
+        auth=auth.keys if auth is not None else None,
     )
     server, bound, health = await create_server(
         [
@@ -79,9 +81,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
-        # Execute is the registry's (an admin key); the tool and job RPCs scope tenants in
-        # the servicer itself.
-        auth=mesh_auth(settings.api_keys_file, admin_methods=("Execute",), scoped=False),
+        auth=auth,
     )
     workers.start()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
