@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,19 @@ def start_mesh(
         mesh.close()
         raise
     return mesh
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (held open together while picked, so never the same
+    one twice) for services a test starts on known ports."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Mesh
+from tests.integration.conftest import Mesh, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -149,17 +149,6 @@ def test_log_shows_the_latest_calls_of_one_tool(mesh: Mesh) -> None:
 
 
 # --- toolmesh up ------------------------------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _stat(pid: int) -> list[str] | None:

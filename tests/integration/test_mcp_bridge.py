@@ -20,7 +20,7 @@ from shared.launcher import start_service
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink, ReceivedSpan
 from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, start_mesh
+from tests.integration.conftest import Mesh, free_ports, start_mesh
 from tests.mcp_servers.install import NotInstallable, server_everything
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.integration
 
 RAW = [sys.executable, "-m", "tests.mcp_servers.raw_server"]
 ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -74,7 +68,7 @@ def everything_cmd() -> list[str]:
 
 @pytest.fixture(scope="module")
 def everything_http(everything_cmd: list[str]) -> Iterator[str]:
-    port = free_port()
+    (port,) = free_ports(1)
     proc = subprocess.Popen(
         [*everything_cmd, "streamableHttp"],
         env={**os.environ, "PORT": str(port)},
@@ -99,7 +93,7 @@ def everything_http(everything_cmd: list[str]) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def http_probe() -> Iterator[str]:
     """Our streamable HTTP server that answers with the headers and _meta it received."""
-    port = free_port()
+    (port,) = free_ports(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.mcp_servers.http_probe_server", str(port)],
         cwd=ROOT,
@@ -130,7 +124,7 @@ def mcp_mesh(
     tmp = tmp_path_factory.mktemp(f"mcp-{request.param}")
     url = fresh_database_url(request, request.param, str(tmp))
     sink, collector_port = collector
-    port = free_port()
+    (port,) = free_ports(1)
     catalog = tmp / "mcp_catalog.json"
     catalog.write_text(
         json.dumps(

@@ -8,7 +8,6 @@ tool floor), and its own tenant otherwise."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from shared.auth import key_digest
 from shared.clients import cli_channel
 from shared.launcher import start_service
 from shared.telemetry.collector import MemorySpanSink
-from tests.integration.conftest import Mesh, start_mesh
+from tests.integration.conftest import Mesh, free_ports, start_mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -43,12 +42,6 @@ KEYS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def keyed(
     tmp_path_factory: pytest.TempPathFactory, collector: tuple[MemorySpanSink, int]
@@ -59,7 +52,7 @@ def keyed(
         json.dumps({"keys": [{"key_sha256": key_digest(k), **v} for k, v in KEYS.items()]})
     )
     sink, port = collector
-    sandbox_port, bridge_port, surface_port = _free_port(), _free_port(), _free_port()
+    sandbox_port, bridge_port, surface_port = free_ports(3)
     extra = {
         "TOOLMESH_API_KEYS_FILE": str(keys),
         "TOOLMESH_API_KEY": SERVICE_KEY,
@@ -111,24 +104,19 @@ def test_a_tenants_call_runs_end_to_end_through_a_keyed_mesh(keyed: Mesh) -> Non
         rpb.SetToolStatusRequest(name="keyed_echo", status=pb.TOOL_STATUS_APPROVED), timeout=30
     )
     dispatcher = stub(keyed, "dispatcher", "tenant-key", dispatcher_pb2_grpc.DispatcherServiceStub)
-    response = dispatcher.DispatchToolCall(
-        dpb.DispatchToolCallRequest(
-            tool_use=pb.ToolUse(name="keyed_echo", input_json="{}"),
+
+    def dispatch(name: str, input_json: str) -> pb.ToolResult:
+        request = dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name=name, input_json=input_json),
             context=pb.CallContext(conversation_id="keyed-conv"),
-        ),
-        timeout=60,
-    )
-    assert response.result.envelope.WhichOneof("kind") == "ok", response.result.content
-    assert response.result.content == "True"
+        )
+        result: pb.ToolResult = dispatcher.DispatchToolCall(request, timeout=60).result
+        assert result.envelope.WhichOneof("kind") == "ok", result.content
+        return result
+
+    assert dispatch("keyed_echo", "{}").content == "True"
     # search_tools: the registry asks the surface with its own key.
-    search = dispatcher.DispatchToolCall(
-        dpb.DispatchToolCallRequest(
-            tool_use=pb.ToolUse(name="search_tools", input_json='{"query": "run a SQL query"}'),
-            context=pb.CallContext(conversation_id="keyed-conv"),
-        ),
-        timeout=60,
-    )
-    assert search.result.envelope.WhichOneof("kind") == "ok", search.result.content
+    dispatch("search_tools", '{"query": "run a SQL query"}')
 
 
 def test_internal_services_refuse_callers_without_the_right_key(keyed: Mesh) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from shared.launcher import ServiceProcess, start_service
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, start_mesh
+from tests.integration.conftest import Mesh, free_ports, start_mesh
 from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -33,12 +32,6 @@ from toolmesh.sandbox.v1 import sandbox_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +51,7 @@ def smesh(
     tmp = tmp_path_factory.mktemp(f"sandbox-{request.param}")
     url = fresh_database_url(request, request.param, str(tmp))
     sink, port = collector
-    sandbox_port = _free_port()
+    (sandbox_port,) = free_ports(1)
     extra = {
         "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}",
         "TOOLMESH_SANDBOX_WALL_S": "10",
