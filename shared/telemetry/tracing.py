@@ -51,7 +51,8 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
 
 
 def span_exporter(settings: Settings) -> SpanExporter:
-    """OTLP over gRPC (default) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_PROTOCOL (or its
+    """OTLP over gRPC (default; the library's exporter with the faster encoder of
+    shared.telemetry.otlp) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_PROTOCOL (or its
     traces-specific variant) says; the endpoint is OTEL_EXPORTER_OTLP_ENDPOINT. Imported lazily:
     each exporter pulls in its own transport machinery."""
     protocol = settings.otlp_protocol
@@ -64,10 +65,10 @@ def span_exporter(settings: Settings) -> SpanExporter:
         if not base.startswith(("http://", "https://")):
             base = f"http://{base}"
         return HttpSpanExporter(endpoint=f"{base}/v1/traces")
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from shared.telemetry.otlp import FastOTLPSpanExporter
 
     endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
-    return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+    return FastOTLPSpanExporter(endpoint=endpoint, insecure=True)
 
 
 def shutdown_tracing() -> None:
