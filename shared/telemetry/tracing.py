@@ -106,9 +106,10 @@ _DEFAULT_PROPAGATORS = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage"
     " ", ""
 ) in ("tracecontext,baggage", "baggage,tracecontext")
 _MAX_CACHED_BAGGAGE = 1024
-# A baggage header -> its parsed entries. Within the mesh the same few headers (tenant and
-# conversation) arrive on every call of a conversation; parsing one costs more than the span.
-_baggage_cache: dict[str, Mapping[str, object]] = {}
+# A baggage header -> a context holding only its parsed entries. Within the mesh the same few
+# headers (tenant and conversation) arrive on every call of a conversation; parsing one costs
+# more than the span, and setting its entries one by one copies the context each time.
+_baggage_cache: dict[str, Context] = {}
 
 
 def extract_context(metadata: Mapping[str, str] | None, *, trust_baggage: bool = True) -> Context:
@@ -119,19 +120,16 @@ def extract_context(metadata: Mapping[str, str] | None, *, trust_baggage: bool =
         return _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
     if not _DEFAULT_PROPAGATORS:
         return propagate.extract(carrier=carrier)
-    ctx = _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
     header = carrier.get("baggage")
     if not header:
-        return ctx
-    entries = _baggage_cache.get(header)
-    if entries is None:
-        entries = baggage.get_all(_BAGGAGE_ONLY.extract({"baggage": header}, context=Context()))
+        return _TRACE_CONTEXT_ONLY.extract(carrier=carrier)
+    base = _baggage_cache.get(header)
+    if base is None:
+        base = _BAGGAGE_ONLY.extract({"baggage": header}, context=Context())
         if len(_baggage_cache) >= _MAX_CACHED_BAGGAGE:
             _baggage_cache.clear()
-        _baggage_cache[header] = entries
-    for name, value in entries.items():
-        ctx = baggage.set_baggage(name, value, context=ctx)
-    return ctx
+        _baggage_cache[header] = base
+    return _TRACE_CONTEXT_ONLY.extract(carrier=carrier, context=base)
 
 
 def with_call_baggage(tenant_id: str, conversation_id: str) -> Context:
@@ -144,8 +142,34 @@ def with_call_baggage(tenant_id: str, conversation_id: str) -> Context:
     return ctx
 
 
+# The current baggage entries -> their header: the same few entries go out on every call.
+_baggage_header_cache: dict[tuple[tuple[str, object], ...], str] = {}
+
+
 def inject_metadata(carrier: MutableMapping[str, str]) -> MutableMapping[str, str]:
-    propagate.inject(carrier)
+    """The current trace context and baggage as outgoing metadata."""
+    if not _DEFAULT_PROPAGATORS:
+        propagate.inject(carrier)
+        return carrier
+    _TRACE_CONTEXT_ONLY.inject(carrier)
+    entries = baggage.get_all()
+    if not entries:
+        return carrier
+    try:
+        key = tuple(entries.items())
+        header = _baggage_header_cache.get(key)
+    except TypeError:  # an unhashable value: encode it every time
+        key, header = (), None
+    if header is None:
+        encoded: dict[str, str] = {}
+        _BAGGAGE_ONLY.inject(encoded)
+        header = encoded.get("baggage", "")
+        if key:
+            if len(_baggage_header_cache) >= _MAX_CACHED_BAGGAGE:
+                _baggage_header_cache.clear()
+            _baggage_header_cache[key] = header
+    if header:
+        carrier["baggage"] = header
     return carrier
 
 
