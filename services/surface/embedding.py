@@ -31,6 +31,7 @@ import hashlib
 import importlib
 import json
 import logging
+import mmap
 import os
 import struct
 import tempfile
@@ -146,9 +147,16 @@ class WordPiece:
 # --- the encoder -------------------------------------------------------------------------------
 
 
-def read_safetensors(path: Path) -> dict[str, npt.NDArray[np.float32]]:
-    """The float32 tensors of a .safetensors file (8-byte header length, JSON header, data)."""
-    raw = path.read_bytes()
+def read_safetensors(path: Path, *, mapped: bool = False) -> dict[str, npt.NDArray[np.float32]]:
+    """The float32 tensors of a .safetensors file (8-byte header length, JSON header, data):
+    writable copies, or with `mapped` read-only views of the file mapped into memory (no copy:
+    the graph builder only reads them once)."""
+    raw: bytes | mmap.mmap
+    if mapped:
+        with path.open("rb") as f:
+            raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    else:
+        raw = path.read_bytes()
     (header_len,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + header_len])
     base = 8 + header_len
@@ -158,7 +166,8 @@ def read_safetensors(path: Path) -> dict[str, npt.NDArray[np.float32]]:
             continue
         begin, end = info["data_offsets"]
         arr = np.frombuffer(raw, dtype="<f4", count=(end - begin) // 4, offset=base + begin)
-        out[name] = arr.reshape(info["shape"]).astype(np.float32)
+        arr = arr.reshape(info["shape"])
+        out[name] = arr if mapped else arr.astype(np.float32)
     return out
 
 
@@ -377,12 +386,14 @@ def build_onnx_model(model_dir: Path) -> bytes:
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
     eps = float(config.get("layer_norm_eps", 1e-12))
-    w = read_safetensors(model_dir / "model.safetensors")
-    initializers: list[Any] = []
+    w = read_safetensors(model_dir / "model.safetensors", mapped=True)
+    # Views into the mapped file until the end: each tensor is copied into the model once, there
+    # (make_graph and make_model would copy all of them twice more: ~600 MB at the peak).
+    weights: list[tuple[str, npt.NDArray[np.float32]]] = []
     nodes: list[Any] = []
 
     def tensor(name: str, value: npt.NDArray[np.float32]) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
+        weights.append((name, value))
         return name
 
     def node(op: str, inputs: list[str], output: str, **attrs: Any) -> str:
@@ -477,13 +488,18 @@ def build_onnx_model(model_dir: Path) -> bytes:
             helper.make_tensor_value_info("mask", TensorProto.INT32, ["batch", "tokens"]),
         ],
         [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "tokens", dim])],
-        initializers,
     )
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(_MS, 1)],
         producer_name="toolmesh",
     )
+    while weights:
+        name, value = weights.pop(0)
+        array = np.ascontiguousarray(value, np.float32)
+        model.graph.initializer.append(numpy_helper.from_array(array, name))
+        del name, value, array
+    del w
     data: bytes = model.SerializeToString()
     return data
 
@@ -570,7 +586,11 @@ class OrtMiniLMEmbedder(MiniLM):
                     self.graph_path = path
                 except OSError as exc:
                     logger.info("cannot cache the embedding graph in %s: %s", path.parent, exc)
-            self._session = session(graph)
+            if self.graph_path is not None:
+                del graph  # load from the file: one copy of the weights less at the peak
+                self._session = session(str(self.graph_path))
+            else:
+                self._session = session(graph)
         self.model_id = f"{MODEL_NAME}@ort-fp32-v{ORT_GRAPH_VERSION}"
 
     def _forward(self, batch: list[list[int]]) -> Vectors:
