@@ -11,7 +11,7 @@ recipe of that model), run two ways:
   GELU), run on one intra-op thread. The graph is written once to a per-user cache
   (`$XDG_CACHE_HOME/toolmesh`, else `~/.cache/toolmesh`), keyed by the graph version, a hash of the
   weights and the onnxruntime version; a service start then only loads it. When the cache cannot be
-  written the graph is built in memory at each start (~2 s more).
+  written the graph is built in memory at each start (2–4 s more).
 * `MiniLMEmbedder`: the same encoder as a few numpy matrix products (tanh GELU), the fallback
   when onnxruntime or onnx are absent or fail to load the graph.
 
@@ -552,7 +552,7 @@ class OrtMiniLMEmbedder(MiniLM):
     all graph optimisations on. Tokenizer, batching, pooling and normalisation as MiniLMEmbedder.
 
     The graph comes from `cache_dir` when a previous start left it there (~0.3 s to load), else
-    it is built (~2.5 s with onnx's import) and written there for the next start; without a
+    it is built (2–4 s with onnx's import) and written there for the next start; without a
     writable cache_dir it is built in memory each time."""
 
     def __init__(self, model_dir: Path, cache_dir: Path | None = None) -> None:
