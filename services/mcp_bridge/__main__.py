@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from services.mcp_bridge import sdk
 from services.mcp_bridge.core import McpBridge
 from services.mcp_bridge.servicer import McpBridgeServicer
 from services.mcp_bridge.sink import GrpcToolSink
@@ -31,7 +32,9 @@ logger = logging.getLogger(__name__)
 
 async def serve(settings: Settings, port: int) -> None:
     stop = install_stop_signals()
-    setup_tracing(SERVICE, settings)
+    provider = setup_tracing(SERVICE, settings)
+    if provider is not None:
+        sdk.disable_sdk_tracer(provider)
     setup_metrics(SERVICE, settings)
     if not settings.address("registry"):
         raise FailedPrecondition("the MCP bridge needs the registry: set TOOLMESH_REGISTRY_ADDR")

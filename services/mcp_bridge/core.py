@@ -326,10 +326,6 @@ class McpBridge:
             toolmesh__mcp__connection=connection,
         )
 
-        async def progress(value: float, total: float | None, message: str | None) -> None:
-            if on_progress is not None:
-                await on_progress(ProgressUpdate(value, total, message))
-
         started = time.monotonic()
         with tracer().start_as_current_span(
             f"tools/call {tool}",
@@ -338,6 +334,18 @@ class McpBridge:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
+
+            async def progress(value: float, total: float | None, message: str | None) -> None:
+                # On the trace whether or not a caller listens (CallToolUnary relays none). The
+                # SDK runs this in a task of its own: it may come after the result (span ended).
+                if span.is_recording():
+                    span.add_event(
+                        "mcp.progress",
+                        {"progress": value, "total": total or 0.0, "message": message or ""},
+                    )
+                if on_progress is not None:
+                    await on_progress(ProgressUpdate(value, total, message))
+
             # Baggage stays inside the mesh: the SDK injects the current context into _meta.
             token = otel_context.attach(baggage.clear())
             try:

@@ -4,7 +4,9 @@ the mesh works), clients built from a ServerConfig, and SDK failures turned into
 Trace context: the SDK injects W3C `traceparent`/`tracestate` into every request's
 `params._meta`; for streamable HTTP a request hook copies them into the HTTP headers of that
 POST, so an HTTP-instrumented server continues the same trace. Baggage is stripped by the caller
-(see core.py) so it never leaves the mesh."""
+(see core.py) so it never leaves the mesh. The SDK's own "MCP send <method>" span duplicates the
+bridge's MCP client span (core.py: semantic-convention name and attributes), so the bridge turns
+the SDK's tracer off (`disable_sdk_tracer`): the context it injects is then the bridge's span."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
 _TRACE_KEYS = ("traceparent", "tracestate")
 SESSION_HEADER = "mcp-session-id"
+# The instrumentation scope of the SDK's tracer (mcp.shared._otel).
+SDK_TRACER_SCOPE = "mcp-python-sdk"
 
 
 def require_sdk() -> Any:
@@ -38,6 +42,34 @@ def require_sdk() -> Any:
             f"{INSTALL_HINT} ({exc})", reason="MCP_SDK_MISSING", metadata={"install": "mcp>=2"}
         ) from None
     return mcp
+
+
+def disable_sdk_tracer(provider: Any) -> bool:
+    """Turn off the MCP SDK's tracer in `provider` (an OpenTelemetry SDK TracerProvider): its
+    spans become non-recording stand-ins for the current span, so each tools/call is one span
+    (the bridge's) and the server's parent is that span. Uses the SDK's tracer configurator
+    (still experimental in opentelemetry-sdk, hence the underscores); returns False, with a
+    warning, where that is not available."""
+    try:
+        from opentelemetry.sdk.trace import _TracerConfig
+    except ImportError:
+        _TracerConfig = None  # type: ignore[assignment,misc]
+    configure = getattr(provider, "_set_tracer_configurator", None)
+    previous = getattr(provider, "_tracer_configurator", None)
+    if _TracerConfig is None or configure is None or previous is None:
+        logger.warning(
+            "this opentelemetry-sdk has no tracer configurator: the MCP SDK's own spans "
+            "(%s) stay on, next to the bridge's MCP client spans",
+            SDK_TRACER_SCOPE,
+        )
+        return False
+    disabled = _TracerConfig(is_enabled=False)
+
+    def configurator(scope: Any) -> Any:
+        return disabled if scope.name == SDK_TRACER_SCOPE else previous(scope)
+
+    configure(tracer_configurator=configurator)
+    return True
 
 
 @dataclass

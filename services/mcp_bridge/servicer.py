@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -20,6 +21,7 @@ from shared.contract import envelope_to_tool_result
 from shared.errors import InvalidArgument
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
 
 TRANSPORTS = {mpb.TRANSPORT_STDIO: "stdio", mpb.TRANSPORT_STREAMABLE_HTTP: "streamable_http"}
 TRANSPORT_VALUES = {v: k for k, v in TRANSPORTS.items()}
@@ -89,6 +91,17 @@ def _require_name(name: str, field: str = "name") -> None:
         raise InvalidArgument(f"{field} is required", field_violations=[(field, "empty")])
 
 
+def _call_arguments(request: mpb.CallToolRequest | mpb.CallToolUnaryRequest) -> dict[str, Any]:
+    """The checked arguments of a CallTool or CallToolUnary request (InvalidArgument if not)."""
+    _require_name(request.connection, "connection")
+    _require_name(request.tool, "tool")
+    return convert.parse_json_object(request.arguments_json, "arguments_json")
+
+
+def _result_pb(outcome: CallOutcome) -> pb.ToolResult:
+    return convert.tool_result_to_pb(envelope_to_tool_result(outcome.envelope))
+
+
 class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
     def __init__(self, core: McpBridge) -> None:
         self._core = core
@@ -134,9 +147,7 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
     async def CallTool(
         self, request: mpb.CallToolRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[mpb.CallToolResponse]:
-        _require_name(request.connection, "connection")
-        _require_name(request.tool, "tool")
-        arguments = convert.parse_json_object(request.arguments_json, "arguments_json")
+        arguments = _call_arguments(request)
         # Progress updates and the end of the call arrive on one queue (None: the call is
         # over), so waiting for the next message is a single await, with no waiter task.
         events: asyncio.Queue[ProgressUpdate | None] = asyncio.Queue()
@@ -167,9 +178,24 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
                 call.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await call
-        result = convert.tool_result_to_pb(envelope_to_tool_result(outcome.envelope))
-        response = mpb.CallToolResponse(result=result)
+        response = mpb.CallToolResponse(result=_result_pb(outcome))
         if outcome.structured is not None:
             response.structured_content_json = convert.dumps(outcome.structured)
             response.structured_content.CopyFrom(convert.to_struct(outcome.structured))
         yield response
+
+    async def CallToolUnary(
+        self, request: mpb.CallToolUnaryRequest, context: grpc.aio.ServicerContext
+    ) -> mpb.CallToolUnaryResponse:
+        # No progress sink: the core still records progress notifications on the MCP span. A
+        # caller that goes away cancels this handler, and with it the request on the session.
+        outcome = await self._core.call_tool(
+            request.connection,
+            request.tool,
+            _call_arguments(request),
+            timeout_s=request.timeout_seconds,
+        )
+        response = mpb.CallToolUnaryResponse(result=_result_pb(outcome))
+        if outcome.structured is not None:
+            response.structured_content_json = convert.dumps(outcome.structured)
+        return response

@@ -1,9 +1,10 @@
 """The registry's route for `tool_type="mcp"`: a ToolExecutor that proxies the call to the
-mcp_bridge service's CallTool stream (`implementation` is `mcp:<connection>:<tool>`). Progress
-notifications arrive as stream messages: each is recorded as an event on the CLIENT span and
-handed to the context's progress sink (a streaming caller's queue); the final message is the
-result. Cancelling the registry call cancels the stream, and the bridge
-cancels the request on the MCP session."""
+mcp_bridge service (`implementation` is `mcp:<connection>:<tool>`). A call whose context has a
+progress sink (a streaming caller of ExecuteToolStream) goes over the CallTool stream: progress
+notifications arrive as stream messages and are handed to the sink, the final message is the
+result. Any other call goes over the unary CallToolUnary, which costs less than a stream; the
+bridge records progress notifications on its MCP span either way. Cancelling the registry call
+cancels the RPC, and the bridge cancels the request on the MCP session."""
 
 from __future__ import annotations
 
@@ -24,16 +25,24 @@ from shared.rpc_errors import from_rpc_error
 from shared.telemetry.tracing import inject_metadata, tracer
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+from toolmesh.type.v1 import types_pb2 as pb
 
 logger = logging.getLogger(__name__)
 
-_METHOD = "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool"
-_SPAN_ATTRIBUTES = {
-    "rpc.system": "grpc",
-    "rpc.service": _METHOD.rpartition("/")[0],
-    "rpc.method": "CallTool",
-    "peer.service": "mcp_bridge",
-}
+_SERVICE = "toolmesh.mcp_bridge.v1.McpBridgeService"
+
+
+def _span_attributes(method: str) -> dict[str, str]:
+    return {
+        "rpc.system": "grpc",
+        "rpc.service": _SERVICE,
+        "rpc.method": method,
+        "peer.service": "mcp_bridge",
+    }
+
+
+_STREAM_ATTRIBUTES = _span_attributes("CallTool")
+_UNARY_ATTRIBUTES = _span_attributes("CallToolUnary")
 # Extra room for the bridge to answer a timed-out call with its own Err before the deadline.
 _DEADLINE_SLACK_S = 10.0
 # A restarted bridge is reachable again within a second, not after gRPC's default backoff.
@@ -78,21 +87,21 @@ class McpRoute:
         self._tracing = tracing
         self._default_timeout_s = default_timeout_s
         self._channel: grpc.aio.Channel | None = None
-        self._call_tool: Any = None
+        self._stub: mcp_bridge_pb2_grpc.McpBridgeServiceStub | None = None
 
-    def _call_tool_method(self) -> Any:
-        """The CallTool multicallable, made once per channel (a stub builds one for every method
-        of the service each time it is constructed)."""
-        if self._call_tool is None:
+    def _bridge(self) -> mcp_bridge_pb2_grpc.McpBridgeServiceStub:
+        """The bridge's stub, made once per channel (constructing a stub builds a multicallable
+        for every method of the service)."""
+        if self._stub is None:
             self._channel = open_channel(self._address, options=_CHANNEL_OPTIONS)
-            self._call_tool = mcp_bridge_pb2_grpc.McpBridgeServiceStub(self._channel).CallTool
-        return self._call_tool
+            self._stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(self._channel)
+        return self._stub
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-            self._call_tool = None
+            self._stub = None
 
     async def execute(
         self, tool: ToolDef, inputs: dict[str, Any], context: ToolContext
@@ -108,38 +117,35 @@ class McpRoute:
             )
         connection, server_tool = target
         timeout = tool.timeout_seconds or self._default_timeout_s
-        request = mpb.CallToolRequest(
+        streamed = context.progress_sink is not None
+        request_type = mpb.CallToolRequest if streamed else mpb.CallToolUnaryRequest
+        request = request_type(
             connection=connection,
             tool=server_tool,
             arguments_json=convert.dumps(inputs),
             context=context_to_pb(context),
             timeout_seconds=timeout,
         )
+        method = "CallTool" if streamed else "CallToolUnary"
         with tracer().start_as_current_span(
-            _METHOD,
+            f"{_SERVICE}/{method}",
             kind=SpanKind.CLIENT,
-            attributes=_SPAN_ATTRIBUTES,
+            attributes=_STREAM_ATTRIBUTES if streamed else _UNARY_ATTRIBUTES,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            metadata = inject_metadata({}) if self._tracing else {}
-            result: mpb.CallToolResponse | None = None
+            metadata = tuple(inject_metadata({}).items()) if self._tracing else ()
+            deadline = timeout + _DEADLINE_SLACK_S
+            result: pb.ToolResult | None = None
             try:
-                stream = self._call_tool_method()(
-                    request,
-                    metadata=tuple(metadata.items()),
-                    timeout=timeout + _DEADLINE_SLACK_S,
-                )
-                async for message in stream:
-                    if message.WhichOneof("event") == "progress":
-                        p = message.progress
-                        span.add_event(
-                            "mcp.progress",
-                            {"progress": p.progress, "total": p.total, "message": p.message},
-                        )
-                        _report_progress(context, p)
-                    else:
-                        result = message
+                if isinstance(request, mpb.CallToolRequest):
+                    result = await self._stream(request, context, metadata, deadline)
+                else:
+                    response = await self._bridge().CallToolUnary(
+                        request, metadata=metadata, timeout=deadline
+                    )
+                    if response.HasField("result"):
+                        result = response.result
             except grpc.aio.AioRpcError as exc:
                 err = from_rpc_error(exc)
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and not err.metadata:
@@ -149,8 +155,24 @@ class McpRoute:
                 span.set_status(Status(StatusCode.ERROR, err.message))
                 span.set_attribute("error.type", err.reason)
                 raise err from None
-            if result is None or not result.HasField("result"):
-                return envelope_to_tool_result(
-                    Err(f"the MCP bridge sent no result for {tool.name!r}", "empty_result")
-                )
-            return convert.tool_result_from_pb(result.result)
+        if result is None:
+            return envelope_to_tool_result(
+                Err(f"the MCP bridge sent no result for {tool.name!r}", "empty_result")
+            )
+        return convert.tool_result_from_pb(result)
+
+    async def _stream(
+        self,
+        request: mpb.CallToolRequest,
+        context: ToolContext,
+        metadata: tuple[tuple[str, str], ...],
+        deadline: float,
+    ) -> pb.ToolResult | None:
+        """The result of a CallTool stream, its progress messages handed to the context."""
+        result: pb.ToolResult | None = None
+        async for message in self._bridge().CallTool(request, metadata=metadata, timeout=deadline):
+            if message.WhichOneof("event") == "progress":
+                _report_progress(context, message.progress)
+            elif message.HasField("result"):
+                result = message.result
+        return result

@@ -196,22 +196,48 @@ def dispatch(
     )
 
 
-def trace_of(mesh: Mesh, conversation: str, tool: str) -> list[ReceivedSpan]:
+UNARY = "toolmesh.mcp_bridge.v1.McpBridgeService/CallToolUnary"
+STREAM = "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool"
+DISPATCH = "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall"
+DISPATCH_STREAM = "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCallStream"
+
+
+def trace_of(
+    mesh: Mesh, conversation: str, tool: str, *, rpc: str = UNARY, root: str = DISPATCH
+) -> list[ReceivedSpan]:
     """Every span of the conversation's last call, once each process's spans of it arrived
     (each exports on its own schedule)."""
     entry = mesh.dispatcher.ListExecutionLog(
         dpb.ListExecutionLogRequest(conversation_id=conversation, limit=1)
     ).entries[0]
-    for name in (
-        "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall",
-        f"execute_tool {entry.tool_name}",
-        "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool",
-        f"tools/call {tool}",
-    ):
-        mesh.spans.wait_for_sync(
-            lambda s, name=name: s.trace_id == entry.trace_id and s.name == name, timeout=20
-        )
+    for name in (root, f"execute_tool {entry.tool_name}", rpc, f"tools/call {tool}"):
+
+        def arrived(s: ReceivedSpan, name: str = name) -> bool:
+            return s.trace_id == entry.trace_id and s.name == name
+
+        mesh.spans.wait_for_sync(arrived, timeout=20)
     return mesh.spans.spans(entry.trace_id)
+
+
+def assert_mcp_span_path(spans: list[ReceivedSpan], tool: str, rpc: str, root: str) -> None:
+    """The MCP client span is the child of the bridge's SERVER span of `rpc`, itself the child
+    of the registry's CLIENT span of `rpc`, under the registry's execute_tool span, in a trace
+    rooted at the dispatcher's `root` span; the MCP SDK adds no span of its own."""
+    by_id = {s.span_id: s for s in spans}
+    mcp_span = next(s for s in spans if s.name == f"tools/call {tool}")
+    assert (mcp_span.kind, mcp_span.service_name) == ("CLIENT", "toolmesh-mcp_bridge")
+    server = by_id[mcp_span.parent_span_id]
+    assert (server.name, server.kind, server.service_name) == (rpc, "SERVER", "toolmesh-mcp_bridge")
+    client = by_id[server.parent_span_id]
+    assert (client.name, client.kind, client.service_name) == (rpc, "CLIENT", "toolmesh-registry")
+    chain = []
+    cursor = client
+    while cursor.parent_span_id in by_id:
+        cursor = by_id[cursor.parent_span_id]
+        chain.append(cursor.name)
+    assert any(name.startswith("execute_tool mcp_") for name in chain)
+    assert cursor.name == root
+    assert not [s.name for s in spans if s.name.startswith("MCP send")]
 
 
 def test_mcp_everything_echo_goes_through_the_mesh_and_back_as_one_trace(
@@ -226,21 +252,16 @@ def test_mcp_everything_echo_goes_through_the_mesh_and_back_as_one_trace(
     spans = trace_of(mcp_mesh, "mcp-1", "echo")
     services = {s.service_name for s in spans}
     assert {"toolmesh-dispatcher", "toolmesh-registry", "toolmesh-mcp_bridge"} <= services
-    by_id = {s.span_id: s for s in spans}
     mcp_span = next(s for s in spans if s.name == "tools/call echo")
     assert mcp_span.kind == "CLIENT"
     assert mcp_span.attributes["mcp.method.name"] == "tools/call"
     assert mcp_span.attributes["gen_ai.tool.name"] == "echo"
     assert mcp_span.attributes["network.transport"] == "pipe"
-    # The MCP client span descends from the registry's execute_tool span through the bridge.
-    chain = []
-    cursor = mcp_span
-    while cursor.parent_span_id in by_id:
-        cursor = by_id[cursor.parent_span_id]
-        chain.append(cursor.name)
-    assert "toolmesh.mcp_bridge.v1.McpBridgeService/CallTool" in chain
-    assert "execute_tool mcp_everything_echo" in chain
-    assert cursor.name == "toolmesh.dispatcher.v1.DispatcherService/DispatchToolCall"
+    # A call without a progress listener takes the unary RPC, as one unbroken trace.
+    assert_mcp_span_path(spans, "echo", UNARY, DISPATCH)
+    execute = next(s for s in spans if s.name == "execute_tool mcp_everything_echo")
+    assert execute.span_id in {s.parent_span_id for s in spans if s.name == UNARY}
+    assert not [s for s in spans if s.name == STREAM]
 
 
 def test_images_structured_content_and_resources_map_into_the_result(
@@ -310,6 +331,53 @@ def test_progress_reaches_a_streaming_dispatch_caller(
     assert progress[-1].fraction == pytest.approx(1.0)
     assert messages[-1].WhichOneof("event") == "result"
     assert "completed" in messages[-1].result.result.content
+    # A caller that listens for progress gets the CallTool stream end to end.
+    spans = trace_of(
+        mcp_mesh,
+        "mcp-stream",
+        "trigger-long-running-operation",
+        rpc=STREAM,
+        root=DISPATCH_STREAM,
+    )
+    assert_mcp_span_path(spans, "trigger-long-running-operation", STREAM, DISPATCH_STREAM)
+    assert not [s for s in spans if s.name == UNARY]
+
+
+def test_call_tool_unary_answers_with_the_result_alone(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    stub = bridge(mcp_mesh)
+    done = stub.CallToolUnary(
+        mpb.CallToolUnaryRequest(
+            connection="everything",
+            tool="trigger-long-running-operation",
+            arguments_json=json.dumps({"duration": 1, "steps": 3}),
+        ),
+        timeout=60,
+    )
+    assert "completed" in done.result.content
+    weather = stub.CallToolUnary(
+        mpb.CallToolUnaryRequest(
+            connection="everything",
+            tool="get-structured-content",
+            arguments_json=json.dumps({"location": "New York"}),
+        ),
+        timeout=60,
+    )
+    assert isinstance(json.loads(weather.structured_content_json)["temperature"], int)
+    with pytest.raises(grpc.RpcError) as bad:
+        stub.CallToolUnary(
+            mpb.CallToolUnaryRequest(connection="everything", tool="echo", arguments_json="[1]"),
+            timeout=60,
+        )
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.CallToolUnary(
+            mpb.CallToolUnaryRequest(connection="nope", tool="echo", arguments_json="{}"),
+            timeout=60,
+        )
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert from_rpc_error(missing.value).reason == "MCP_CONNECTION_NOT_FOUND"
 
 
 def test_streamable_http_connection_calls_over_tcp(mcp_mesh: Mesh, everything_http: str) -> None:
@@ -351,6 +419,11 @@ def test_trace_context_reaches_the_server_in_meta_but_baggage_does_not(mcp_mesh:
     ).entries[0]
     assert meta["traceparent"].split("-")[1] == entry.trace_id
     assert "baggage" not in meta
+    # The server's parent is the bridge's MCP client span (the SDK's own span is turned off).
+    spans = trace_of(mcp_mesh, "mcp-4", "meta")
+    mcp_span = next(s for s in spans if s.name == "tools/call meta")
+    assert meta["traceparent"].split("-")[2] == mcp_span.span_id
+    assert_mcp_span_path(spans, "meta", UNARY, DISPATCH)
 
 
 def test_streamable_http_carries_w3c_trace_headers_and_no_baggage(

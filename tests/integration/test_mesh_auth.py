@@ -8,6 +8,7 @@ tool floor), and its own tenant otherwise."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from toolmesh.type.v1 import types_pb2 as pb
 pytestmark = pytest.mark.integration
 
 SERVICE_KEY = "mesh-service-key"
+ROOT = str(Path(__file__).resolve().parents[2])
 KEYS = {
     SERVICE_KEY: {"name": "mesh", "tenant_id": "mesh", "admin": True},
     "tenant-key": {"name": "backend-t", "tenant_id": "keyed-t"},
@@ -189,3 +191,77 @@ def test_internal_services_refuse_callers_without_the_right_key(keyed: Mesh) -> 
         health = stub(keyed, service, None, health_pb2_grpc.HealthStub)
         status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_every_mcp_bridge_rpc_needs_an_admin_key(keyed: Mesh) -> None:
+    # Enumerated from the service descriptor: an RPC added to the bridge is covered at once.
+    service = mpb.DESCRIPTOR.services_by_name["McpBridgeService"]
+    assert {"CallTool", "CallToolUnary"} <= set(service.methods_by_name)
+    for key, expected in (
+        (None, grpc.StatusCode.UNAUTHENTICATED),
+        ("not-a-key", grpc.StatusCode.UNAUTHENTICATED),
+        ("tenant-key", grpc.StatusCode.PERMISSION_DENIED),
+    ):
+        channel = cli_channel(keyed.address("mcp_bridge"), api_key=key or "")
+        keyed.channels.append(channel)
+        for method in service.methods:
+            request_type = getattr(mpb, method.input_type.name)
+            response_type = getattr(mpb, method.output_type.name)
+            factory = channel.unary_stream if method.server_streaming else channel.unary_unary
+            call = factory(
+                f"/{service.full_name}/{method.name}",
+                request_serializer=request_type.SerializeToString,
+                response_deserializer=response_type.FromString,
+            )
+            # The tenant key's own tenant wherever a request names one: refused all the same.
+            request = request_type()
+            if "context" in request_type.DESCRIPTOR.fields_by_name:
+                request.context.tenant_id = "keyed-t"
+            if "server" in request_type.DESCRIPTOR.fields_by_name:
+                request.server.tenant_id = "keyed-t"
+            with pytest.raises(grpc.RpcError) as info:
+                response = call(request, timeout=30)
+                if method.server_streaming:
+                    list(response)
+            assert info.value.code() == expected, (method.name, key)
+
+
+def test_a_tenants_mcp_calls_reach_the_bridge_with_the_registrys_key(keyed: Mesh) -> None:
+    admin_bridge = stub(keyed, "mcp_bridge", SERVICE_KEY, mcp_bridge_pb2_grpc.McpBridgeServiceStub)
+    admin_bridge.Connect(
+        mpb.ConnectRequest(
+            server=mpb.ServerConfig(
+                name="keyedraw",
+                transport=mpb.TRANSPORT_STDIO,
+                command=sys.executable,
+                args=["-m", "tests.mcp_servers.raw_server"],
+                env={"PYTHONPATH": ROOT},
+                tenant_id="keyed-t",
+            )
+        ),
+        timeout=60,
+    )
+    dispatcher = stub(keyed, "dispatcher", "tenant-key", dispatcher_pb2_grpc.DispatcherServiceStub)
+    context = pb.CallContext(conversation_id="keyed-mcp")
+    # No progress listener: the registry calls CallToolUnary.
+    echoed = dispatcher.DispatchToolCall(
+        dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name="mcp_keyedraw_echo", input_json='{"message": "k"}'),
+            context=context,
+        ),
+        timeout=60,
+    ).result
+    assert json.loads(echoed.envelope.ok.data_json) == "Echo: k", echoed.content
+    # A streaming caller: the registry calls the CallTool stream.
+    messages = list(
+        dispatcher.DispatchToolCallStream(
+            dpb.DispatchToolCallStreamRequest(
+                tool_use=pb.ToolUse(name="mcp_keyedraw_progress", input_json="{}"),
+                context=context,
+            ),
+            timeout=60,
+        )
+    )
+    kinds = [m.WhichOneof("event") for m in messages]
+    assert kinds.count("progress") == 3 and kinds[-1] == "result"
+    assert json.loads(messages[-1].result.result.envelope.ok.data_json) == "done"

@@ -74,6 +74,11 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object"},
     },
     {
+        "name": "progress",
+        "description": "Send three progress notifications (when asked for them), then answer.",
+        "inputSchema": {"type": "object"},
+    },
+    {
         "name": "a.very.long.tool.name.that.goes.on.and.on.past.the.sixty.four.character.limit",
         "description": "A tool whose name is over 64 characters.",
         "inputSchema": {"type": "object"},
@@ -145,6 +150,18 @@ class Server:
         elif name == "image":
             png = {"type": "image", "data": TINY_PNG, "mimeType": "image/png"}
             result(request_id, {"content": [{"type": "text", "text": "a pixel"}, png]})
+        elif name == "progress":
+            token = (params.get("_meta") or {}).get("progressToken")
+            for step in range(1, 4) if token is not None else ():
+                notification = {"progressToken": token, "progress": step, "total": 3}
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": {**notification, "message": f"step {step}"},
+                    }
+                )
+            result(request_id, text("done" if token is not None else "done, no token"))
         else:
             for tool in self.extra:
                 if tool["name"] == name:

@@ -1,15 +1,23 @@
-"""The CallTool stream of the servicer over a real bridge core and a real stdio MCP server,
-without a network: one result as the last message, errors raised for the RPC boundary, and a
-caller that goes away cancels the request on the MCP session."""
+"""CallTool (the stream) and CallToolUnary of the servicer over a real bridge core and real stdio
+MCP servers, without a network: the result (the last message of the stream, the one message of
+the unary call), errors raised for the RPC boundary, a caller that goes away cancels the request
+on the MCP session, and progress notifications recorded on the MCP span either way."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from services.mcp_bridge import core
+from services.mcp_bridge.model import ServerConfig
 from services.mcp_bridge.servicer import McpBridgeServicer
 from shared.errors import InvalidArgument, NotFound
 from tests.unit.mcp_bridge.conftest import BridgeFactory, raw_config
@@ -65,3 +73,90 @@ async def test_a_caller_that_goes_away_cancels_the_request_on_the_session(
         servicer, connection="raw", tool="echo", arguments_json='{"message": "x"}'
     )
     assert json.loads(messages[-1].result.envelope.ok.data_json) == "Echo: x"
+
+
+async def unary(servicer: McpBridgeServicer, **fields: object) -> mpb.CallToolUnaryResponse:
+    return await servicer.CallToolUnary(mpb.CallToolUnaryRequest(**fields), None)
+
+
+async def test_call_tool_unary_answers_with_the_result_alone(make_bridge: BridgeFactory) -> None:
+    bridge = make_bridge()
+    await bridge.connect(raw_config("raw"))
+    command = str(Path(sys.executable).parent / "mcp-server-time")
+    await bridge.connect(ServerConfig(name="time", transport="stdio", command=command))
+    servicer = McpBridgeServicer(bridge)
+    echoed = await unary(servicer, connection="raw", tool="echo", arguments_json='{"message": "u"}')
+    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: u"
+    assert echoed.structured_content_json == ""
+    failed = await unary(servicer, connection="raw", tool="fail", arguments_json="{}")
+    assert failed.result.envelope.err.err_kind == "tool_error"
+    timed = await unary(servicer, connection="raw", tool="hang", timeout_seconds=0.3)
+    assert timed.result.envelope.err.err_kind == "timeout"
+    now = await unary(
+        servicer, connection="time", tool="get_current_time", arguments_json='{"timezone": "UTC"}'
+    )
+    assert json.loads(now.structured_content_json)["timezone"] == "UTC"
+
+
+async def test_call_tool_unary_raises_bad_requests_and_unknown_connections(
+    make_bridge: BridgeFactory,
+) -> None:
+    servicer = McpBridgeServicer(make_bridge())
+    with pytest.raises(InvalidArgument) as bad:
+        await unary(servicer, connection="raw", tool="echo", arguments_json="[1]")
+    assert bad.value.field_violations[0][0] == "arguments_json"
+    with pytest.raises(InvalidArgument) as nameless:
+        await unary(servicer, connection="raw", arguments_json="{}")
+    assert nameless.value.field_violations[0][0] == "tool"
+    with pytest.raises(NotFound) as excinfo:
+        await unary(servicer, connection="nope", tool="echo", arguments_json="{}")
+    assert excinfo.value.reason == "MCP_CONNECTION_NOT_FOUND"
+
+
+async def test_a_unary_caller_that_goes_away_cancels_the_request_on_the_session(
+    make_bridge: BridgeFactory, tmp_path: Path
+) -> None:
+    bridge = make_bridge()
+    markers = tmp_path / "m"
+    await bridge.connect(raw_config("raw", "--marker-dir", str(markers)))
+    servicer = McpBridgeServicer(bridge)
+    call = asyncio.ensure_future(unary(servicer, connection="raw", tool="hang"))
+    await wait_until(lambda: any(markers.glob("hang-*")))
+    call.cancel()
+    await wait_until(lambda: any(markers.glob("cancelled-*")), timeout=10)
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    echoed = await unary(servicer, connection="raw", tool="echo", arguments_json='{"message": "y"}')
+    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: y"
+
+
+@pytest.fixture
+def mcp_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """The bridge core's spans, in memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(core, "tracer", lambda: provider.get_tracer("test"))
+    yield exporter
+    provider.shutdown()
+
+
+async def test_progress_is_recorded_on_the_mcp_span_whether_or_not_the_caller_listens(
+    make_bridge: BridgeFactory, mcp_spans: InMemorySpanExporter
+) -> None:
+    bridge = make_bridge()
+    await bridge.connect(raw_config("raw"))
+    servicer = McpBridgeServicer(bridge)
+    streamed = await call(servicer, connection="raw", tool="progress")
+    assert [m.WhichOneof("event") for m in streamed] == ["progress"] * 3 + ["result"]
+    answered = await unary(servicer, connection="raw", tool="progress")
+    # The server was asked for progress (it answers "done, no token" otherwise).
+    assert json.loads(answered.result.envelope.ok.data_json) == "done"
+    spans = [s for s in mcp_spans.get_finished_spans() if s.name == "tools/call progress"]
+    assert len(spans) == 2
+    for span in spans:
+        events = [(e.name, dict(e.attributes or {})) for e in span.events]
+        assert events == [
+            ("mcp.progress", {"progress": float(step), "total": 3.0, "message": f"step {step}"})
+            for step in (1, 2, 3)
+        ]

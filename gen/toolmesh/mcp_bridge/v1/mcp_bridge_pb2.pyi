@@ -184,3 +184,25 @@ class CallToolResponse(_message.Message):
     structured_content: _struct_pb2.Struct
     structured_content_json: str
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., structured_content: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., structured_content_json: _Optional[str] = ...) -> None: ...
+
+class CallToolUnaryRequest(_message.Message):
+    __slots__ = ("connection", "tool", "arguments_json", "context", "timeout_seconds")
+    CONNECTION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    connection: str
+    tool: str
+    arguments_json: str
+    context: _types_pb2.CallContext
+    timeout_seconds: float
+    def __init__(self, connection: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class CallToolUnaryResponse(_message.Message):
+    __slots__ = ("result", "structured_content_json")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_CONTENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    result: _types_pb2.ToolResult
+    structured_content_json: str
+    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., structured_content_json: _Optional[str] = ...) -> None: ...

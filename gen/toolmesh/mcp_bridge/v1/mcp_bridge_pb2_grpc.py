@@ -60,6 +60,11 @@ class McpBridgeServiceStub:
                 request_serializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolResponse.FromString,
                 _registered_method=True)
+        self.CallToolUnary = channel.unary_unary(
+                '/toolmesh.mcp_bridge.v1.McpBridgeService/CallToolUnary',
+                request_serializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryResponse.FromString,
+                _registered_method=True)
 
 
 class McpBridgeServiceServicer:
@@ -101,6 +106,15 @@ class McpBridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallToolUnary(self, request, context):
+        """Calls one MCP tool and answers with its result alone, for a caller that does not listen for
+        progress: one message each way costs less than a stream. Same semantics, errors and
+        cancellation as CallTool.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_McpBridgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +142,11 @@ def add_McpBridgeServiceServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolRequest.FromString,
                     response_serializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolResponse.SerializeToString,
+            ),
+            'CallToolUnary': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallToolUnary,
+                    request_deserializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryRequest.FromString,
+                    response_serializer=toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +285,33 @@ class McpBridgeService:
             '/toolmesh.mcp_bridge.v1.McpBridgeService/CallTool',
             toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolRequest.SerializeToString,
             toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallToolUnary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolmesh.mcp_bridge.v1.McpBridgeService/CallToolUnary',
+            toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryRequest.SerializeToString,
+            toolmesh_dot_mcp__bridge_dot_v1_dot_mcp__bridge__pb2.CallToolUnaryResponse.FromString,
             options,
             channel_credentials,
             insecure,
