@@ -3,15 +3,24 @@ MCP server over stdio, tracing on, durable log) against the same server called d
 MCP SDK, and against a raw 3-hop grpc.aio echo chain (every hop its own process), all measured in
 one run. Figures are ratios within the run: absolute numbers on a shared machine are noise.
 
-    make bench            # or: python -m bench.mcp_overhead [--n 300] [--duration 2]
+    make bench            # or: python -m bench.mcp_overhead [--n 300] [--block 20]
 
 The server is `@modelcontextprotocol/server-everything` (its `echo` tool) when node/npm are
 available, else the repository's own raw stdio test server. Target: what the mesh adds over the
 direct SDK call is at most 1.5x the raw 3-hop chain's p50.
 
-The bridge hop on its own is measured too: McpBridgeService.CallTool called directly (one gRPC
-hop, server-streaming, tracing on) against a raw 1-hop chain, so the bridge's share of the added
-time can be told apart from the dispatcher's and the registry's.
+Each hop's share is measured too, by calling each service directly: the bridge alone
+(McpBridgeService.CallToolUnary, the RPC the registry uses when nobody listens for progress, and
+the CallTool stream for comparison), the registry with the bridge (RegistryService.ExecuteTool)
+and the whole mesh (DispatcherService.DispatchToolCall). A hop's added p50 is its figure minus
+the one below it (the bridge's: minus the direct SDK call), compared with a raw 1-hop chain's.
+
+Everything runs at once and the latencies are sampled in turns: `--block` sequential calls of
+one kind (after a few unmeasured ones), then the next kind, the order reversed every round,
+until each kind has `--n` calls.
+On a shared machine the load moves more from one second to the next than from one kind of call
+to the other, so every figure and every ratio sees the same load. Throughput (`--concurrency`
+calls in flight for `--duration` seconds) is measured afterwards, one kind after the other.
 """
 
 from __future__ import annotations
@@ -22,13 +31,15 @@ import itertools
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
-from bench.measure import Call, LatencyStats, measure_latency, measure_throughput, ratio_line
+from bench.measure import Call, LatencyStats, measure_throughput, percentile, ratio_line
 from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
@@ -36,9 +47,22 @@ from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
+from toolmesh.registry.v1 import registry_pb2 as rpb
+from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
+# The kinds of call, in the order they are sampled.
+RAW_3 = "raw 3-hop grpc.aio chain"
+RAW_1 = "raw 1-hop grpc.aio chain"
+DIRECT = "direct SDK call"
+BRIDGE = "bridge (CallToolUnary)"
+BRIDGE_STREAM = "bridge (CallTool stream)"
+REGISTRY = "registry + bridge (ExecuteTool)"
+MESH = "through the mesh"
+# Unmeasured calls at the start of each turn: a process idle since its last turn answers its
+# first calls from cold caches, which is not what a run of sequential calls measures.
+TURN_WARMUP = 5
 
 
 def server_command() -> tuple[list[str], str]:
@@ -59,29 +83,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def measure(
-    call: Call, n: int, duration: float, concurrency: int
-) -> tuple[LatencyStats, float]:
-    latency = await measure_latency(call, n=n, warmup=min(50, n))
-    throughput = await measure_throughput(call, concurrency=concurrency, duration_s=duration)
-    return latency, throughput
-
-
-async def bench_direct(
-    command: list[str], n: int, duration: float, concurrency: int
-) -> tuple[LatencyStats, float]:
-    from mcp import Client, StdioServerParameters
-
-    counter = itertools.count()
-    params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(ROOT))
-    async with Client(params) as client:
-
-        async def call() -> None:
-            result = await client.call_tool("echo", {"message": f"m{next(counter)}"})
-            if result.is_error:
-                raise RuntimeError(str(result.content))
-
-        return await measure(call, n, duration, concurrency)
+async def measure_interleaved(
+    calls: Mapping[str, Call], n: int, block: int
+) -> dict[str, LatencyStats]:
+    """Latency of `n` sequential calls of each kind, sampled in turns of `block` calls (the
+    order of the kinds reversed every round, each turn after TURN_WARMUP unmeasured calls),
+    after a warm-up of each kind."""
+    for call in calls.values():
+        for _ in range(min(50, n)):
+            await call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for turn in range(-(-n // block)):
+        for name in names if turn % 2 == 0 else reversed(names):
+            call, taken = calls[name], samples[name]
+            for _ in range(TURN_WARMUP):
+                await call()
+            for _ in range(min(block, n - len(taken))):
+                start = time.perf_counter_ns()
+                await call()
+                taken.append((time.perf_counter_ns() - start) / 1e6)
+    stats = {}
+    for name, taken in samples.items():
+        taken.sort()
+        stats[name] = LatencyStats(
+            p50_ms=percentile(taken, 50),
+            p99_ms=percentile(taken, 99),
+            mean_ms=sum(taken) / len(taken),
+            n=len(taken),
+        )
+    return stats
 
 
 def start_mesh(tmp: Path, collector_port: int) -> list[ServiceProcess]:
@@ -111,127 +142,154 @@ def start_mesh(tmp: Path, collector_port: int) -> list[ServiceProcess]:
     return processes
 
 
-@dataclass
-class MeshFigures:
-    """The mesh measured end to end (DispatchToolCall) and its bridge hop alone (CallTool)."""
+@asynccontextmanager
+async def running(command: list[str], collector_port: int) -> AsyncIterator[dict[str, Call]]:
+    """Everything the benchmark calls, started, as a call per kind (see the constants)."""
+    from mcp import Client, StdioServerParameters
 
-    mesh: LatencyStats
-    mesh_throughput: float
-    bridge: LatencyStats
-
-
-async def bench_mesh(
-    command: list[str], collector_port: int, n: int, duration: float, concurrency: int
-) -> MeshFigures:
-    with tempfile.TemporaryDirectory(prefix="toolmesh-bench-mcp-") as tmp:
-        registry, dispatcher, bridge = start_mesh(Path(tmp), collector_port)
-        try:
-            context = pb.CallContext(tenant_id="bench", conversation_id="bench")
-            counter = itertools.count()
-            async with grpc.aio.insecure_channel(bridge.address) as channel:
-                bridge_stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel)
-                await bridge_stub.Connect(
-                    mpb.ConnectRequest(
-                        server=mpb.ServerConfig(
-                            name="bench",
-                            transport=mpb.TRANSPORT_STDIO,
-                            command=command[0],
-                            args=command[1:],
-                        )
-                    ),
-                    timeout=120,
+    async with AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="toolmesh-bench-mcp-")))
+        processes = start_mesh(tmp, collector_port)
+        stack.callback(lambda: [proc.stop() for proc in reversed(processes)])
+        registry, dispatcher, bridge = processes
+        chains = {}
+        for hops in (3, 1):
+            chain = ProcessEchoChain(hops=hops)
+            stack.callback(chain.stop)
+            stack.push_async_callback(chain.close)
+            chains[hops] = chain
+        params = StdioServerParameters(command=command[0], args=command[1:], cwd=str(ROOT))
+        client = await stack.enter_async_context(Client(params))
+        channels = [
+            await stack.enter_async_context(grpc.aio.insecure_channel(p.address))
+            for p in (bridge, registry, dispatcher)
+        ]
+        bridge_stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(channels[0])
+        registry_stub = registry_pb2_grpc.RegistryServiceStub(channels[1])
+        dispatcher_stub = dispatcher_pb2_grpc.DispatcherServiceStub(channels[2])
+        await bridge_stub.Connect(
+            mpb.ConnectRequest(
+                server=mpb.ServerConfig(
+                    name="bench",
+                    transport=mpb.TRANSPORT_STDIO,
+                    command=command[0],
+                    args=command[1:],
                 )
-
-                async def call_bridge() -> None:
-                    request = mpb.CallToolRequest(
-                        connection="bench",
-                        tool="echo",
-                        arguments_json=f'{{"message": "m{next(counter)}"}}',
-                        context=context,
-                    )
-                    messages = [m async for m in bridge_stub.CallTool(request)]
-                    if not messages or messages[-1].result.error:
-                        raise RuntimeError(f"CallTool failed: {messages}")
-
-                bridge_lat = await measure_latency(call_bridge, n=n, warmup=min(50, n))
-            async with grpc.aio.insecure_channel(dispatcher.address) as channel:
-                stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
-
-                async def call() -> None:
-                    # A distinct input per call: identical consecutive calls trip the loop guard.
-                    request = dpb.DispatchToolCallRequest(
-                        tool_use=pb.ToolUse(
-                            name="mcp_bench_echo", input_json=f'{{"message": "m{next(counter)}"}}'
-                        ),
-                        context=context,
-                    )
-                    response = await stub.DispatchToolCall(request)
-                    if response.result.error:
-                        raise RuntimeError(response.result.error)
-
-                mesh_lat, mesh_tp = await measure(call, n, duration, concurrency)
-                return MeshFigures(mesh_lat, mesh_tp, bridge_lat)
-        finally:
-            for proc in (bridge, dispatcher, registry):
-                proc.stop()
-
-
-async def bench_raw(
-    n: int, duration: float, concurrency: int, hops: int = 3
-) -> tuple[LatencyStats, float | None]:
-    """A raw chain of `hops` processes; throughput only when `duration` is positive."""
-    chain = ProcessEchoChain(hops=hops)
-    try:
+            ),
+            timeout=120,
+        )
+        context = pb.CallContext(tenant_id="bench", conversation_id="bench")
+        counter = itertools.count()
         payload = b"x" * 64
 
-        async def call() -> None:
-            await chain.call(payload)
+        def arguments() -> str:
+            # A distinct input per call: identical consecutive calls trip the loop guard.
+            return f'{{"message": "m{next(counter)}"}}'
 
-        if duration > 0:
-            latency, throughput = await measure(call, n, duration, concurrency)
-        else:
-            latency, throughput = await measure_latency(call, n=n, warmup=min(50, n)), None
-        await chain.close()
-        return latency, throughput
-    finally:
-        chain.stop()
+        async def raw_3() -> None:
+            await chains[3].call(payload)
+
+        async def raw_1() -> None:
+            await chains[1].call(payload)
+
+        async def direct() -> None:
+            result = await client.call_tool("echo", {"message": f"m{next(counter)}"})
+            if result.is_error:
+                raise RuntimeError(str(result.content))
+
+        async def call_bridge() -> None:
+            request = mpb.CallToolUnaryRequest(
+                connection="bench", tool="echo", arguments_json=arguments(), context=context
+            )
+            response = await bridge_stub.CallToolUnary(request)
+            if response.result.error:
+                raise RuntimeError(f"CallToolUnary failed: {response.result.error}")
+
+        async def call_bridge_stream() -> None:
+            request = mpb.CallToolRequest(
+                connection="bench", tool="echo", arguments_json=arguments(), context=context
+            )
+            messages = [m async for m in bridge_stub.CallTool(request)]
+            if not messages or messages[-1].result.error:
+                raise RuntimeError(f"CallTool failed: {messages}")
+
+        async def call_registry() -> None:
+            request = rpb.ExecuteToolRequest(
+                name="mcp_bench_echo", input_json=arguments(), context=context
+            )
+            response = await registry_stub.ExecuteTool(request)
+            if response.result.error:
+                raise RuntimeError(response.result.error)
+
+        async def call_mesh() -> None:
+            request = dpb.DispatchToolCallRequest(
+                tool_use=pb.ToolUse(name="mcp_bench_echo", input_json=arguments()),
+                context=context,
+            )
+            response = await dispatcher_stub.DispatchToolCall(request)
+            if response.result.error:
+                raise RuntimeError(response.result.error)
+
+        yield {
+            RAW_3: raw_3,
+            RAW_1: raw_1,
+            DIRECT: direct,
+            BRIDGE: call_bridge,
+            BRIDGE_STREAM: call_bridge_stream,
+            REGISTRY: call_registry,
+            MESH: call_mesh,
+        }
 
 
-async def main_async(n: int, duration: float, concurrency: int) -> None:
+async def main_async(n: int, block: int, duration: float, concurrency: int) -> None:
     command, label = server_command()
     with SpanCounter() as sink:
-        raw_lat, raw_tp = await bench_raw(n, duration, concurrency)
-        hop_lat, _ = await bench_raw(n, 0, concurrency, hops=1)
-        direct_lat, direct_tp = await bench_direct(command, n, duration, concurrency)
-        figures = await bench_mesh(command, sink.port, n, duration, concurrency)
-    mesh_lat, mesh_tp = figures.mesh, figures.mesh_throughput
-    added = mesh_lat.p50_ms - direct_lat.p50_ms
-    bridge_added = figures.bridge.p50_ms - direct_lat.p50_ms
+        async with running(command, sink.port) as calls:
+            lat = await measure_interleaved(calls, n, block)
+            throughput = {
+                name: await measure_throughput(calls[name], concurrency, duration)
+                for name in (RAW_3, DIRECT, MESH)
+            }
+    added = lat[MESH].p50_ms - lat[DIRECT].p50_ms
+    raw_p50, hop_p50 = lat[RAW_3].p50_ms, lat[RAW_1].p50_ms
     print(f"MCP `echo` of {label} over stdio: through the mesh vs the MCP SDK directly")
-    print(f"  raw 3-hop grpc.aio chain: {raw_lat}; {raw_tp or 0:.0f} calls/s at {concurrency}")
-    print(f"  direct SDK call:          {direct_lat}; {direct_tp:.0f} calls/s")
-    print(f"  through the mesh:         {mesh_lat}; {mesh_tp:.0f} calls/s ({sink.count} spans)")
-    print("  " + ratio_line("mesh p50 vs direct", mesh_lat.p50_ms, direct_lat.p50_ms, "ms"))
-    print("  " + ratio_line("mesh p99 vs direct", mesh_lat.p99_ms, direct_lat.p99_ms, "ms"))
+    print(f"  (latency sampled in turns of {block} calls; {sink.count} spans exported)")
+    for name in (RAW_3, DIRECT, MESH):
+        print(f"  {name + ':':26}{lat[name]}; {throughput[name]:.0f} calls/s at {concurrency}")
+    print("  " + ratio_line("mesh p50 vs direct", lat[MESH].p50_ms, lat[DIRECT].p50_ms, "ms"))
+    print("  " + ratio_line("mesh p99 vs direct", lat[MESH].p99_ms, lat[DIRECT].p99_ms, "ms"))
     print(
         "  "
-        + ratio_line("added p50 vs raw 3-hop p50", added, raw_lat.p50_ms, "ms")
+        + ratio_line("added p50 vs raw 3-hop p50", added, raw_p50, "ms")
         + "   (target <= 1.5x)"
     )
-    print("  " + ratio_line(f"throughput@{concurrency} vs direct", mesh_tp, direct_tp, "calls/s"))
-    print("  the bridge hop alone (CallTool called directly, no dispatcher or registry):")
-    print(f"    raw 1-hop grpc.aio chain: {hop_lat}")
-    print(f"    CallTool:                 {figures.bridge}")
-    print("    " + ratio_line("added p50 vs raw 1-hop p50", bridge_added, hop_lat.p50_ms, "ms"))
+    print(
+        "  "
+        + ratio_line(
+            f"throughput@{concurrency} vs direct", throughput[MESH], throughput[DIRECT], "calls/s"
+        )
+    )
+    print("  each hop, its service called directly (added p50 = its p50 minus the one below it):")
+    for name in (RAW_1, BRIDGE, BRIDGE_STREAM, REGISTRY):
+        print(f"    {name + ':':33}{lat[name]}")
+    hops = (
+        ("dispatcher", lat[MESH].p50_ms - lat[REGISTRY].p50_ms),
+        ("registry", lat[REGISTRY].p50_ms - lat[BRIDGE].p50_ms),
+        ("bridge", lat[BRIDGE].p50_ms - lat[DIRECT].p50_ms),
+        ("bridge over the stream", lat[BRIDGE_STREAM].p50_ms - lat[DIRECT].p50_ms),
+    )
+    for name, hop_added in hops:
+        print("    " + ratio_line(f"{name} adds p50 vs raw 1-hop p50", hop_added, hop_p50, "ms"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=300, help="sequential calls for latency")
+    parser.add_argument("--block", type=int, default=20, help="calls of one kind in a turn")
     parser.add_argument("--duration", type=float, default=2.0, help="seconds of throughput load")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
-    asyncio.run(main_async(args.n, args.duration, args.concurrency))
+    asyncio.run(main_async(args.n, args.block, args.duration, args.concurrency))
 
 
 if __name__ == "__main__":
