@@ -369,6 +369,9 @@ class Dispatcher:
         async def snapshot() -> Snapshot:
             if not conversation:
                 return Snapshot()  # no conversation, no conversation state
+            snap = self._store.snapshot_now(tenant, conversation, calls, prior)
+            if snap is not None:
+                return snap
             return await self._run_store(self._store.snapshot, tenant, conversation, calls, prior)
 
         cached = [self._timeouts.cached(n, tenant) for n in names]

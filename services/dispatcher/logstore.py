@@ -6,25 +6,30 @@ failure leaves no partial rows."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
+import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Executable, Table, insert, select, text
+from sqlalchemy import Engine, Executable, Insert, Table, insert, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
 from shared.db.engine import translate_db_errors
+from shared.db.inline import open_nonblocking, sqlite_file
 from shared.db.models import (
     ConversationEventBlobRow,
     ConversationEventRow,
     ToolExecutionLogRow,
     utcnow,
 )
+from shared.db.prepared import PreparedCache
 from shared.errors import ToolmeshError, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -32,6 +37,8 @@ logger = logging.getLogger(__name__)
 BLOB_THRESHOLD = 32 * 1024
 SUMMARY_CHARS = 500
 MAX_BATCH = 256
+# Commits on the event loop leave checkpointing to the writer thread, every this many commits.
+CHECKPOINT_EVERY = 200
 
 
 @dataclass
@@ -126,20 +133,38 @@ def summarize(content: str) -> str:
 
 
 class SqlCallLog:
-    """CallLog over SQLAlchemy with a single writer thread doing group commit."""
+    """CallLog over SQLAlchemy with group commit.
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    On a SQLite file database the rows are committed on the event loop's own thread: every
+    write of one loop iteration goes into one transaction, flushed at the next iteration,
+    with no thread hand-off (WAL with synchronous=NORMAL makes a commit a write to the OS,
+    tens of microseconds). That connection never waits for a lock: when another writer holds
+    the database, the batch goes to the writer thread, which waits (busy timeout) and reports
+    any failure. The writer thread also checkpoints the WAL, so the loop never runs a
+    checkpoint's fsync. PostgreSQL, and SQLite in memory, always use the writer thread."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, checkpoint_every: int = CHECKPOINT_EVERY
+    ) -> None:
         self._sessions = sessions
+        self._checkpoint_every = checkpoint_every
         engine = sessions.kw.get("bind")
         if not isinstance(engine, Engine):
             raise TypeError("SqlCallLog needs a sessionmaker bound to an Engine")
         self._engine = engine
+        self._prepared = PreparedCache(engine.dialect)
         # False until a write or probe succeeds, and after any failed write: the next call
         # probes the database before its tool runs.
         self._healthy = False
+        self._closed = False
         self._queue: queue.SimpleQueue[
-            tuple[CallRecord, asyncio.Future[None], asyncio.AbstractEventLoop] | None
+            tuple[CallRecord, asyncio.Future[None], asyncio.AbstractEventLoop] | str | None
         ] = queue.SimpleQueue()
+        self._inline_path = sqlite_file(engine)
+        self._inline: sqlite3.Connection | None = None
+        self._inline_loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[CallRecord, asyncio.Future[None]]] = []
+        self._inline_commits = 0
         self._thread = threading.Thread(target=self._run, name="call-log-writer", daemon=True)
         self._thread.start()
 
@@ -155,18 +180,76 @@ class SqlCallLog:
     async def write(self, record: CallRecord) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._queue.put((record, future, loop))
+        if self._inline_path is not None and self._inline_loop in (None, loop):
+            self._inline_loop = loop
+            self._pending.append((record, future))
+            if len(self._pending) == 1:
+                loop.call_soon(self._flush_inline)
+        else:
+            self._queue.put((record, future, loop))
         await asyncio.shield(future)
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=10)
+        if self._inline is not None:
+            self._inline.close()
+
+    # --- commits on the event loop (SQLite file databases) ------------------------------------
+
+    def _flush_inline(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        if self._closed:
+            _settle([f for _, f in batch], Unavailable("the call log is closed"))
+            return
+        records = [record for record, _ in batch]
+        try:
+            self._commit_inline(records)
+        except Exception as exc:  # noqa: BLE001 - the writer thread retries it and reports it
+            # Busy (another writer holds the lock) or failing: the writer thread retries with
+            # the busy timeout and reports what fails. Nothing of this attempt was committed.
+            logger.debug("inline call-log commit deferred to the writer thread: %s", exc)
+            loop = asyncio.get_running_loop()
+            for record, future in batch:
+                self._queue.put((record, future, loop))
+            return
+        self._healthy = True
+        _settle([f for _, f in batch], None)
+        self._inline_commits += 1
+        if self._inline_commits % self._checkpoint_every == 0:
+            self._queue.put(_CHECKPOINT)
+
+    def _commit_inline(self, records: Sequence[CallRecord]) -> None:
+        conn = self._inline
+        if conn is None:
+            assert self._inline_path is not None
+            conn = self._inline = open_nonblocking(self._inline_path)
+        cursor = conn.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                _insert_records(cursor, self._prepared, records)
+                cursor.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        finally:
+            cursor.close()
+
+    # --- the writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
+            if isinstance(item, str):
+                self._checkpoint()
+                continue
             batch = [item]
             stop = False
             while len(batch) < MAX_BATCH:
@@ -177,6 +260,8 @@ class SqlCallLog:
                 if nxt is None:
                     stop = True
                     break
+                if isinstance(nxt, str):
+                    continue  # a checkpoint can wait for the next round
                 batch.append(nxt)
             error = self._commit([record for record, _, _ in batch])
             # One wake-up per event loop per batch, not one per call.
@@ -184,14 +269,35 @@ class SqlCallLog:
             for _, future, loop in batch:
                 by_loop.setdefault(loop, []).append(future)
             for loop, futures in by_loop.items():
-                loop.call_soon_threadsafe(_settle, futures, error)
+                try:
+                    loop.call_soon_threadsafe(_settle, futures, error)
+                except RuntimeError:  # that loop is closed: nobody waits any more
+                    pass
             if stop:
                 return
 
     def _commit(self, records: Sequence[CallRecord]) -> BaseException | None:
         try:
-            with translate_db_errors(), self._engine.begin() as conn:
-                _insert_records(conn, records)
+            with translate_db_errors(), self._engine.connect() as conn:
+                dbapi = self._engine.dialect.loaded_dbapi
+                dbapi_conn = conn.connection.driver_connection
+                assert dbapi_conn is not None
+                cursor = dbapi_conn.cursor()
+                try:
+                    _insert_records(cursor, self._prepared, records)
+                    dbapi_conn.commit()
+                except dbapi.Error as exc:
+                    with contextlib.suppress(dbapi.Error):
+                        dbapi_conn.rollback()
+                    if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+                        conn.invalidate()
+                        raise Unavailable(
+                            f"database unavailable: {_first_line(exc)}",
+                            reason="DATABASE_UNAVAILABLE",
+                        ) from exc
+                    raise
+                finally:
+                    cursor.close()
             self._healthy = True
         except ToolmeshError as exc:
             self._healthy = False
@@ -201,6 +307,15 @@ class SqlCallLog:
             self._healthy = False
             return Unavailable(f"call log write failed: {type(exc).__name__}: {exc}")
         return None
+
+    def _checkpoint(self) -> None:
+        """A passive WAL checkpoint: copies committed pages into the database file without
+        blocking readers or writers (for the commits made on the event loop)."""
+        try:
+            with self._engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        except SQLAlchemyError as exc:  # the next checkpoint tries again
+            logger.warning("WAL checkpoint failed: %s", exc)
 
     def list_log(
         self, *, tool_name: str, tenant_id: str, conversation_id: str, limit: int
@@ -256,6 +371,11 @@ class SqlCallLog:
             return out
 
 
+def _first_line(exc: BaseException) -> str:
+    text_ = str(exc).strip()
+    return text_.splitlines()[0] if text_ else type(exc).__name__
+
+
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
     for future in futures:
         if future.done():
@@ -272,23 +392,23 @@ _BLOBS = cast(Table, ConversationEventBlobRow.__table__)
 
 
 def _event_row(
-    conn: Connection, tenant_id: str, conversation_id: str, event: EventRecord, now: datetime
+    insert_blob: Callable[[bytes], int],
+    tenant_id: str,
+    conversation_id: str,
+    event: EventRecord,
+    now: datetime,
 ) -> dict[str, Any]:
-    """The conversation_events row of an event (its blob inserted first when it needs one):
-    the one encoding of an event, shared by the call log and replay."""
+    """The conversation_events row of an event (its blob inserted first, by `insert_blob`,
+    when it needs one): the one encoding of an event, shared by the call log and replay."""
     encoded = event.blob
     payload: str | None = None
     if encoded is None:
         payload = dumps(event.data)
-        raw = payload.encode("utf-8")
-        if len(raw) > BLOB_THRESHOLD:
-            encoded = raw
-    blob_id: int | None = None
-    if encoded is not None:
-        blob_id = conn.execute(
-            insert(_BLOBS).returning(_BLOBS.c.id),
-            {"data": encoded, "size_bytes": len(encoded)},
-        ).scalar_one()
+        if len(payload) * 4 > BLOB_THRESHOLD:  # else surely under it: no encoding needed
+            raw = payload.encode("utf-8")
+            if len(raw) > BLOB_THRESHOLD:
+                encoded = raw
+    blob_id = insert_blob(encoded) if encoded is not None else None
     return {
         "tenant_id": tenant_id,
         "conversation_id": conversation_id,
@@ -319,15 +439,61 @@ class SqlEventRecorder:
         blob: bytes | None,
     ) -> None:
         event = EventRecord(event_type, dict(data), tool_use_id, at, blob)
+
         with translate_db_errors(), self._engine.begin() as conn:
-            row = _event_row(conn, self._tenant_id, self._conversation_id, event, utcnow())
+
+            def insert_blob(encoded: bytes) -> int:
+                return int(
+                    conn.execute(
+                        insert(_BLOBS).returning(_BLOBS.c.id),
+                        {"data": encoded, "size_bytes": len(encoded)},
+                    ).scalar_one()
+                )
+
+            row = _event_row(insert_blob, self._tenant_id, self._conversation_id, event, utcnow())
             conn.execute(insert(_EVENTS), [row])
 
 
-def _insert_records(conn: Connection, records: Sequence[CallRecord]) -> None:
-    """Insert a batch with SQLAlchemy Core (executemany): the ORM unit of work costs ~1 ms per
-    call here, Core a small fraction of that."""
+_LOG_KEYS = (
+    "tool_name",
+    "tenant_id",
+    "user_id",
+    "conversation_id",
+    "tool_use_id",
+    "args_hash",
+    "input_data",
+    "output_summary",
+    "success",
+    "error",
+    "execution_ms",
+    "trace_id",
+    "created_at",
+)
+_EVENT_KEYS = (
+    "tenant_id",
+    "conversation_id",
+    "event_type",
+    "tool_use_id",
+    "data",
+    "blob_id",
+    "created_at",
+)
+_INSERT_LOG = insert(_LOG)
+_INSERT_EVENTS = insert(_EVENTS)
+_INSERT_BLOB = insert(_BLOBS).returning(_BLOBS.c.id)
+
+
+def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[CallRecord]) -> None:
+    """Insert a batch on the driver's cursor (one executemany per statement), with statements
+    compiled once (shared.db.prepared): SQLAlchemy's per-statement execution machinery was
+    most of the cost of a call's write."""
     now = utcnow()
+    blob_insert = prepared.get(_INSERT_BLOB, ("data", "size_bytes"), many=False)
+
+    def insert_blob(encoded: bytes) -> int:
+        row = blob_insert.execute(cursor, {"data": encoded, "size_bytes": len(encoded)}).fetchone()
+        return int(row[0])
+
     log_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
     for record in records:
@@ -350,14 +516,24 @@ def _insert_records(conn: Connection, records: Sequence[CallRecord]) -> None:
         )
         for event in record.events:
             event_rows.append(
-                _event_row(conn, record.tenant_id, record.conversation_id, event, now)
+                _event_row(insert_blob, record.tenant_id, record.conversation_id, event, now)
             )
-    conn.execute(insert(_LOG), log_rows)
+    prepared.get(_INSERT_LOG, _LOG_KEYS).execute_many(cursor, log_rows)
     if event_rows:
-        conn.execute(insert(_EVENTS), event_rows)
-    grouped: dict[Executable, list[dict[str, Any]]] = {}
+        prepared.get(_INSERT_EVENTS, _EVENT_KEYS).execute_many(cursor, event_rows)
+    # One executemany per statement (and, for an insert, per set of columns), in the order
+    # the statements first appear.
+    grouped: dict[tuple[int, tuple[str, ...] | None], list[dict[str, Any]]] = {}
+    statements: dict[tuple[int, tuple[str, ...] | None], Executable] = {}
     for record in records:
         for write in record.state_writes:
-            grouped.setdefault(write.statement, []).append(write.params())
-    for statement, params in grouped.items():
-        conn.execute(statement, params)
+            params = write.params()
+            keys = tuple(sorted(params)) if isinstance(write.statement, Insert) else None
+            key = (id(write.statement), keys)
+            statements[key] = write.statement
+            grouped.setdefault(key, []).append(params)
+    for key, rows in grouped.items():
+        prepared.get(statements[key], key[1]).execute_many(cursor, rows)
+
+
+_CHECKPOINT = "checkpoint"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import re
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, cast
@@ -30,6 +31,7 @@ from sqlalchemy import (
 
 from services.dispatcher.guardrails import LoopState, PolicyRule, window_start
 from shared.db.engine import translate_db_errors
+from shared.db.inline import open_nonblocking, sqlite_file
 from shared.db.models import PolicyRuleRow, utcnow
 from shared.errors import NotFound, Unavailable
 
@@ -63,6 +65,17 @@ class GuardrailStore(Protocol):
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
     ) -> Snapshot: ...
+    def snapshot_now(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        calls: Sequence[tuple[str, str]],
+        prior_tools: Sequence[str],
+    ) -> Snapshot | None:
+        """The snapshot read without blocking (on the event loop), or None when that would
+        wait; then the core reads `snapshot` in a thread."""
+        ...
+
     def observation_counts(
         self, tenant_id: str, user_id: str, rule_ids: Sequence[int]
     ) -> dict[int, int]: ...
@@ -238,11 +251,65 @@ class ObservationWrite:
         }
 
 
+class _SnapshotQuery:
+    """The one statement of a snapshot and the parsing of its row."""
+
+    def __init__(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        calls: Sequence[tuple[str, str]],
+        prior_tools: Sequence[str],
+    ) -> None:
+        self.calls = list(dict.fromkeys(calls))
+        self.prior = list(dict.fromkeys(prior_tools))
+        params: dict[str, Any] = {"t": tenant_id, "c": conversation_id, "yes": True}
+        columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
+        for i, (tool, identity) in enumerate(self.calls):
+            params[f"ft{i}"], params[f"fh{i}"] = tool, identity
+            where = (
+                "FROM failed_approaches WHERE tenant_id = :t AND conversation_id = :c "
+                f"AND tool_name = :ft{i} AND identity_hash = :fh{i}"
+            )
+            columns += [f"(SELECT attempts {where})", f"(SELECT reason {where})"]
+        for i, tool in enumerate(self.prior):
+            params[f"p{i}"] = tool
+            columns.append(
+                "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
+                f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
+            )
+        self.params = params
+        self.statement = (
+            f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
+            "LEFT JOIN conversation_state s ON s.tenant_id = :t AND s.conversation_id = :c"
+        )
+
+    def parse(self, row: list[Any]) -> Snapshot:
+        snap = Snapshot(
+            known=row[0] is not None,
+            loop=LoopState(int(row[1] or 0), str(row[2] or ""), int(row[3] or 0)),
+            cancel_epoch=int(row[4] or 0),
+        )
+        pos = 5
+        for call in self.calls:
+            attempts, reason = row[pos], row[pos + 1]
+            pos += 2
+            if attempts:
+                snap.failed[call] = (int(attempts), str(reason or ""))
+        for tool in self.prior:
+            if row[pos]:
+                snap.prior_tools.add(tool)
+            pos += 1
+        return snap
+
+
 class SqlGuardrailStore:
     """GuardrailStore over a SQLAlchemy engine (SQLite or PostgreSQL)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._inline_path = sqlite_file(engine)
+        self._inline: sqlite3.Connection | None = None
 
     # --- rules ----------------------------------------------------------------------------
 
@@ -308,44 +375,30 @@ class SqlGuardrailStore:
         """Everything in one statement: the conversation's state row, the attempts of each
         (tool, identity) in `calls`, and whether each of `prior_tools` succeeded earlier in the
         conversation."""
-        unique_calls = list(dict.fromkeys(calls))
-        unique_prior = list(dict.fromkeys(prior_tools))
-        params: dict[str, Any] = {"t": tenant_id, "c": conversation_id, "yes": True}
-        columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
-        for i, (tool, identity) in enumerate(unique_calls):
-            params[f"ft{i}"], params[f"fh{i}"] = tool, identity
-            where = (
-                "FROM failed_approaches WHERE tenant_id = :t AND conversation_id = :c "
-                f"AND tool_name = :ft{i} AND identity_hash = :fh{i}"
-            )
-            columns += [f"(SELECT attempts {where})", f"(SELECT reason {where})"]
-        for i, tool in enumerate(unique_prior):
-            params[f"p{i}"] = tool
-            columns.append(
-                "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
-                f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
-            )
-        statement = (
-            f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
-            "LEFT JOIN conversation_state s ON s.tenant_id = :t AND s.conversation_id = :c"
-        )
-        row = self._fetch_one_raw(statement, params)
-        snap = Snapshot(
-            known=row[0] is not None,
-            loop=LoopState(int(row[1] or 0), str(row[2] or ""), int(row[3] or 0)),
-            cancel_epoch=int(row[4] or 0),
-        )
-        pos = 5
-        for call in unique_calls:
-            attempts, reason = row[pos], row[pos + 1]
-            pos += 2
-            if attempts:
-                snap.failed[call] = (int(attempts), str(reason or ""))
-        for tool in unique_prior:
-            if row[pos]:
-                snap.prior_tools.add(tool)
-            pos += 1
-        return snap
+        query = _SnapshotQuery(tenant_id, conversation_id, calls, prior_tools)
+        return query.parse(self._fetch_one_raw(query.statement, query.params))
+
+    def snapshot_now(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        calls: Sequence[tuple[str, str]],
+        prior_tools: Sequence[str],
+    ) -> Snapshot | None:
+        """The snapshot, read at once on the caller's thread (the event loop) when that needs
+        no waiting: on a SQLite file, a read of a few rows takes tens of microseconds, less
+        than a thread hop. None where it would wait (PostgreSQL, a busy or failing SQLite):
+        then the caller reads `snapshot` in a thread."""
+        if self._inline_path is None:
+            return None
+        query = _SnapshotQuery(tenant_id, conversation_id, calls, prior_tools)
+        try:
+            if self._inline is None:
+                self._inline = open_nonblocking(self._inline_path)
+            row = self._inline.execute(query.statement, query.params).fetchone()
+        except sqlite3.Error:
+            return None
+        return query.parse(list(row))
 
     def _fetch_one_raw(self, statement: str, params: dict[str, Any]) -> list[Any]:
         """One row of a `:name`-parameter statement, on the driver's cursor directly: the

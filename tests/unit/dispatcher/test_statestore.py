@@ -122,6 +122,31 @@ async def test_state_writes_commit_with_the_log_and_come_back_in_one_snapshot(
     assert store.observation_counts("t1", "u1", [rule.id, rule.id + 1]) == {rule.id: 2}
 
 
+async def test_the_loop_reads_the_same_snapshot_at_once_on_sqlite_only(
+    store: SqlGuardrailStore, log: SqlCallLog, engine: Engine
+) -> None:
+    calls, prior = [("query", "h1"), ("query", "h2")], ["describe_entry", "x"]
+    if engine.dialect.name != "sqlite":
+        assert store.snapshot_now("t1", "c1", calls, prior) is None  # a thread reads it
+        return
+    assert store.snapshot_now("t1", "c1", calls, prior) == store.snapshot("t1", "c1", calls, prior)
+    await log.write(record("describe_entry"))
+    await log.write(
+        record(
+            "query",
+            success=False,
+            writes=[
+                LoopStateWrite("t1", "c1", LoopState(2, "h1", 2)),
+                FailedApproachWrite("t1", "c1", "query", "h1", "boom"),
+            ],
+        )
+    )
+    now = store.snapshot_now("t1", "c1", calls, prior)
+    assert now == store.snapshot("t1", "c1", calls, prior)
+    assert now is not None and now.failed == {("query", "h1"): (1, "boom")}
+    assert now.prior_tools == {"describe_entry"} and now.loop == LoopState(2, "h1", 2)
+
+
 async def test_a_loop_state_write_older_than_the_stored_one_changes_nothing(
     store: SqlGuardrailStore, log: SqlCallLog
 ) -> None:

@@ -1,0 +1,203 @@
+"""The call log's write path, on SQLite and PostgreSQL: rows written on the driver's cursor
+with precompiled statements are the rows SQLAlchemy writes; big event payloads go to the blob
+table; a failing write leaves no partial rows and the log keeps serving. On a SQLite file the
+commits run on the event loop: a lock held by another writer sends them to the writer thread
+(nothing lost, the loop never waits), and the writer thread keeps the WAL checkpointed."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from sqlalchemy import Engine, Table, TextClause, insert, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.dispatcher.logstore import BLOB_THRESHOLD, CallRecord, EventRecord, SqlCallLog
+from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.models import ConversationEventRow, ToolExecutionLogRow
+from shared.db.prepared import Prepared
+from shared.errors import ToolmeshError
+
+_LOG: Table = ToolExecutionLogRow.__table__  # type: ignore[assignment]
+
+
+@pytest.fixture
+def log(sessions: sessionmaker[Session]) -> Iterator[SqlCallLog]:
+    call_log = SqlCallLog(sessions)
+    yield call_log
+    call_log.close()
+
+
+def record(tool_use_id: str, **kw: Any) -> CallRecord:
+    fields: dict[str, Any] = {
+        "tool_name": "query",
+        "tenant_id": "t1",
+        "user_id": "u1",
+        "conversation_id": "c1",
+        "tool_use_id": tool_use_id,
+        "args_hash": "0123456789abcdef",
+        "input_data": {"sql": "SELECT 1", "nested": [1, 2.5, None, {"ü": "日本"}]},
+        "output_summary": "ok",
+        "success": True,
+        "error": None,
+        "execution_ms": 1.25,
+        "trace_id": "ab" * 16,
+        "events": [EventRecord("tool_call", {"input": {"sql": "SELECT 1"}}, tool_use_id)],
+    }
+    fields.update(kw)
+    return CallRecord(**fields)
+
+
+def log_rows(engine: Engine, **where: str) -> list[dict[str, Any]]:
+    stmt = select(_LOG).order_by(_LOG.c.id)
+    for column, value in where.items():
+        stmt = stmt.where(_LOG.c[column] == value)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def test_a_prepared_insert_stores_what_sqlalchemy_stores(engine: Engine) -> None:
+    values = {
+        "tool_name": "query",
+        "tenant_id": "t1",
+        "user_id": "",
+        "conversation_id": "c1",
+        "tool_use_id": "",
+        "args_hash": "",
+        "input_data": {"a": [1, {"b": None}], "ü": "日本", "big": 2**53},
+        "output_summary": "x" * 600,
+        "success": False,
+        "error": None,
+        "execution_ms": 0.125,
+        "trace_id": "",
+        "created_at": datetime(2026, 12, 3, 12, 30, 1, 123456, tzinfo=UTC),
+    }
+    with engine.begin() as conn:
+        conn.execute(insert(_LOG), [{**values, "tool_use_id": "by-sqlalchemy"}])
+    prepared = Prepared(insert(_LOG), engine.dialect, list(values))
+    with engine.connect() as conn:
+        dbapi_conn = conn.connection.driver_connection
+        assert dbapi_conn is not None
+        cursor = dbapi_conn.cursor()
+        prepared.execute_many(cursor, [{**values, "tool_use_id": "by-prepared"}])
+        dbapi_conn.commit()
+        cursor.close()
+    ours, theirs = (log_rows(engine, tool_use_id=t)[0] for t in ("by-prepared", "by-sqlalchemy"))
+    for row in (ours, theirs):
+        del row["id"], row["tool_use_id"]
+    assert ours == theirs
+    assert ours["input_data"] == values["input_data"] and ours["success"] is False
+
+
+def test_a_statement_left_to_python_defaults_is_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="created_at"):
+        Prepared(insert(_LOG), engine.dialect, ["tool_name", "tenant_id", "success"])
+
+
+async def test_the_log_writes_every_row_of_a_call_and_big_payloads_as_blobs(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    big = "é" * (BLOB_THRESHOLD // 2 + 10)  # under the threshold in characters, over in bytes
+    await asyncio.gather(
+        *(log.write(record(f"toolu_{i}")) for i in range(20)),
+        log.write(record("toolu_big", events=[EventRecord("tool_result", {"text": big})])),
+    )
+    rows = log_rows(engine, conversation_id="c1")
+    assert len(rows) == 21
+    assert rows[0]["input_data"]["nested"][3] == {"ü": "日本"}
+    assert log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=100)
+    with engine.connect() as conn:
+        big_row = conn.execute(
+            select(ConversationEventRow).where(ConversationEventRow.tool_use_id == "")
+        ).one()
+    assert big_row.data is None and big_row.blob_id is not None
+    (event,) = log.list_events(
+        tenant_id="t1", conversation_id="c1", event_type="tool_result", limit=10
+    )
+    assert big in event.data_json
+
+
+class BrokenWrite:
+    """A state write whose statement fails in the call's transaction."""
+
+    statement: ClassVar[TextClause] = text("INSERT INTO no_such_table (x) VALUES (:x)")
+
+    def params(self) -> dict[str, Any]:
+        return {"x": 1}
+
+
+async def test_a_failing_write_leaves_no_rows_and_the_log_keeps_serving(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    with pytest.raises(ToolmeshError):
+        await log.write(record("toolu_broken", state_writes=[BrokenWrite()]))
+    assert log_rows(engine, tool_use_id="toolu_broken") == []
+    assert log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=10) == []
+    await log.write(record("toolu_after"))
+    assert [r["tool_use_id"] for r in log_rows(engine)] == ["toolu_after"]
+
+
+def sqlite_path(engine: Engine) -> str:
+    if engine.dialect.name != "sqlite":
+        pytest.skip("commits on the event loop are for SQLite files")
+    assert engine.url.database
+    return engine.url.database
+
+
+async def test_a_lock_held_by_another_writer_never_blocks_the_loop_and_loses_nothing(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    path = sqlite_path(engine)
+    await log.write(record("toolu_first"))  # the loop's own connection is open
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    tick = asyncio.create_task(ticker())
+    writes = asyncio.gather(*(log.write(record(f"toolu_{i}")) for i in range(10)))
+    await asyncio.sleep(0.5)
+    assert not writes.done()  # waiting for the lock, in the writer thread...
+    assert ticks >= 20  # ...while the loop keeps running
+    other.execute("COMMIT")
+    other.close()
+    await asyncio.wait_for(writes, 10)
+    tick.cancel()
+    assert len(log_rows(engine)) == 11
+    await log.write(record("toolu_last"))  # and back on the loop
+    assert len(log_rows(engine)) == 12
+
+
+async def wal_size_after(tmp_path: Path, name: str, checkpoint_every: int, calls: int) -> int:
+    url = f"sqlite:///{tmp_path}/{name}.db"
+    upgrade(url)
+    engine = make_engine(url)
+    call_log = SqlCallLog(session_factory(engine), checkpoint_every=checkpoint_every)
+    try:
+        for i in range(calls):
+            await call_log.write(record(f"toolu_{i}"))
+            if i % checkpoint_every == 0:
+                await asyncio.sleep(0.01)  # let the writer thread's checkpoint run
+        wal = tmp_path / f"{name}.db-wal"
+        return (await asyncio.to_thread(wal.stat)).st_size  # (closing removes it)
+    finally:
+        await asyncio.to_thread(call_log.close)
+        engine.dispose()
+
+
+async def test_the_writer_thread_checkpoints_the_wal_of_commits_made_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    checkpointed = await wal_size_after(tmp_path, "checkpointed", 10, 300)
+    never = await wal_size_after(tmp_path, "never", 10**9, 300)
+    assert checkpointed * 4 < never, (checkpointed, never)
