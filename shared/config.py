@@ -53,6 +53,15 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise ValueError(f"{key}={raw!r} is not an integer") from exc
 
 
+def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
+    raw = env.get(key, "").strip().lower()
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise ValueError(f"{key}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a toolmesh process is configured by.
@@ -73,6 +82,8 @@ class Settings:
     otlp_protocol       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
                         (standard): "grpc" (default) or "http/protobuf".
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
+    event_loop          TOOLMESH_EVENT_LOOP, default uvloop — the services' event loop: uvloop,
+                        or asyncio (the standard loop; also used when uvloop is not installed).
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.
@@ -137,6 +148,7 @@ class Settings:
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
     log_level: str = "INFO"
+    event_loop: str = "uvloop"
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
     max_depth: int = 8
@@ -208,6 +220,7 @@ class Settings:
                 or "grpc"
             ).strip(),
             log_level=env.get("TOOLMESH_LOG_LEVEL") or "INFO",
+            event_loop=_choice(env, "TOOLMESH_EVENT_LOOP", ("uvloop", "asyncio"), "uvloop"),
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),
             max_depth=_int(env, "TOOLMESH_MAX_CALL_DEPTH", 8),

@@ -1,4 +1,4 @@
-"""The one server pattern every service uses: grpc.aio with the tracing/error interceptor, the
+"""The one server pattern every service uses: grpc.aio with the tracing/error handler wrapper, the
 standard health service, server reflection, and graceful shutdown on SIGTERM/SIGINT."""
 
 from __future__ import annotations
@@ -81,10 +81,14 @@ def request_tenant(request: Any) -> str | None:
     return None
 
 
-class ServerInterceptor(grpc.aio.ServerInterceptor):
+class HandlerWrapper:
     """Per RPC: a SERVER span continuing the caller's trace, the API-key check when the service
     has one, and the mapping of ToolmeshError to a rich status (any other exception becomes
-    INTERNAL without a traceback)."""
+    INTERNAL without a traceback).
+
+    Applied to each method handler once, when it is registered (see Registrar), rather than as
+    a grpc.aio ServerInterceptor: an aio interceptor runs an extra coroutine chain on every
+    RPC to find the handler, measured at 0.1-0.17 ms of server CPU per call, on every hop."""
 
     def __init__(
         self, tracing: bool, *, trust_baggage: bool = True, auth: MeshAuth | None = None
@@ -92,19 +96,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._tracing = tracing
         self._trust_baggage = trust_baggage
         self._auth = auth
-        # method -> (the service's handler, its wrapped handler): wrapped once per method, not
-        # once per RPC (building the closures and the handler object costs on every call).
+        # method -> (the service's handler, its wrapped handler): one wrapper per method, shared
+        # by the generic and the registered-method lookups.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method: str = handler_call_details.method
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -207,6 +203,49 @@ def _is_abort(exc: Exception) -> bool:
     return type(exc).__name__ == "AbortError"
 
 
+class _WrappingGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers come out wrapped."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, wrapper: HandlerWrapper) -> None:
+        self._inner = inner
+        self._wrapper = wrapper
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        return self._wrapper.wrap(handler_call_details.method, handler)
+
+
+class Registrar:
+    """What the generated `add_*Servicer_to_server` functions (and health and reflection) are
+    given as the server: each method handler they register is wrapped by the HandlerWrapper
+    first. Everything else goes to the real server."""
+
+    def __init__(self, server: grpc.aio.Server, wrapper: HandlerWrapper) -> None:
+        self._server = server
+        self._wrapper = wrapper
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(
+            tuple(_WrappingGenericHandler(h, self._wrapper) for h in handlers)
+        )
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self._server.add_registered_method_handlers(
+            service,
+            {
+                name: self._wrapper.wrap(f"/{service}/{name}", handler)
+                for name, handler in handlers.items()
+            },
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
 @dataclass
 class ServiceBinding:
     """A servicer and the generated function that adds it to a server."""
@@ -225,23 +264,25 @@ async def create_server(
     trust_baggage: bool = True,
     auth: MeshAuth | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """Build and start a server with health, reflection and the interceptor. Returns the bound
+    """Build and start a server with health, reflection and the handler wrapper. Returns the bound
     port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
     trust_baggage=False: W3C baggage from its callers is dropped, never propagated. With `auth`,
     every RPC but health and reflection is checked against the API keys."""
     bindings = list(bindings)
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(tracing, trust_baggage=trust_baggage, auth=auth)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ],
     )
+    registrar: Any = Registrar(
+        server, HandlerWrapper(tracing, trust_baggage=trust_baggage, auth=auth)
+    )
     for binding in bindings:
-        binding.add_to_server(binding.servicer, server)
+        binding.add_to_server(binding.servicer, registrar)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
     names = [b.full_name for b in bindings]
     reflection.enable_server_reflection(
         [
@@ -249,7 +290,7 @@ async def create_server(
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ],
-        server,
+        registrar,
     )
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

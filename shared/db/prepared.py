@@ -9,6 +9,7 @@ as the ORM stores them, on SQLite and PostgreSQL alike.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,15 +48,22 @@ class Prepared:
             bind = compiled.binds[name]
             proc = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if proc is not None:
-                processors[name] = proc
+                processors[name] = _last_value_memo(proc)
         self._processors = processors
+        # Positional: every value fetched at once, then only the typed ones processed.
+        self._get = operator.itemgetter(*names) if len(names) > 1 else None
+        self._typed = tuple((i, processors[n]) for i, n in enumerate(names) if n in processors)
 
     def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """The driver's parameters for one row of `values` (bind name → Python value)."""
-        procs = self._processors
-        if self.positional:
-            return tuple(procs[n](values[n]) if n in procs else values[n] for n in self.names)
-        return {n: procs[n](values[n]) if n in procs else values[n] for n in self.names}
+        if not self.positional:
+            procs = self._processors
+            return {n: procs[n](values[n]) if n in procs else values[n] for n in self.names}
+        get = self._get
+        row = list(get(values)) if get is not None else [values[n] for n in self.names]
+        for i, proc in self._typed:
+            row[i] = proc(row[i])
+        return tuple(row)
 
     def execute(self, cursor: Any, values: Mapping[str, Any]) -> Any:
         """Execute for one row; returns the cursor (for a RETURNING statement's row)."""
@@ -68,6 +76,24 @@ class Prepared:
             cursor.execute(self.sql, params[0])
         elif params:
             cursor.executemany(self.sql, params)
+
+
+def _last_value_memo(proc: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`proc` remembering its last argument (by identity) and result: the rows of one batch
+    share their timestamp object, formatted once. The pair is swapped as one tuple, so threads
+    sharing the statement never see a result paired with another value."""
+    last: tuple[Any, Any] = (object(), None)
+
+    def memo(value: Any) -> Any:
+        nonlocal last
+        seen, result = last
+        if value is seen:
+            return result
+        result = proc(value)
+        last = (value, result)
+        return result
+
+    return memo
 
 
 class PreparedCache:

@@ -1,0 +1,37 @@
+"""The services' event loop: uvloop by default, asyncio's own with TOOLMESH_EVENT_LOOP=asyncio;
+a misspelt choice is refused when the settings are read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import uvloop
+
+from shared.config import Settings
+from shared.service_main import loop_factory, run
+
+
+def test_the_event_loop_setting_defaults_to_uvloop_and_refuses_unknown_loops() -> None:
+    assert Settings.from_env({}).event_loop == "uvloop"
+    assert Settings.from_env({"TOOLMESH_EVENT_LOOP": " AsyncIO "}).event_loop == "asyncio"
+    with pytest.raises(ValueError, match="TOOLMESH_EVENT_LOOP='trio' is not one of"):
+        Settings.from_env({"TOOLMESH_EVENT_LOOP": "trio"})
+
+
+@pytest.mark.parametrize(("choice", "loop_type"), [("uvloop", uvloop.Loop), ("asyncio", None)])
+def test_a_service_runs_on_the_loop_it_is_configured_with(
+    choice: str, loop_type: type | None
+) -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> None:
+        seen.append(asyncio.get_running_loop())
+
+    run(main(), event_loop=choice)
+    (loop,) = seen
+    if loop_type is None:
+        assert loop_factory(choice) is None
+        assert not isinstance(loop, uvloop.Loop)
+    else:
+        assert isinstance(loop, loop_type)
