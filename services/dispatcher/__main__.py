@@ -13,6 +13,7 @@ from shared.auth import ApiKeys
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory
+from shared.db.inline import LoopConnection
 from shared.server import (
     ServiceBinding,
     create_server,
@@ -34,13 +35,14 @@ async def serve(settings: Settings, port: int) -> None:
     setup_metrics(SERVICE, settings)
     engine = make_engine(settings.database_url)
     sessions = session_factory(engine)
-    log = SqlCallLog(sessions)
+    loop_db = LoopConnection.for_engine(engine)  # the loop's reads and writes share its cache
+    log = SqlCallLog(sessions, loop_db=loop_db)
     clients = MeshClients(dict(settings.addresses))
     effects_store = SqlEffectsStore(engine)
     core = Dispatcher(
         GrpcRegistryGateway(clients.registry(), settings.tracing),
         log,
-        SqlGuardrailStore(engine),
+        SqlGuardrailStore(engine, loop_db=loop_db),
         timeout_s=settings.tool_timeout_s,
         max_input_bytes=settings.max_input_bytes,
         usage=SqlUsageLog(sessions),
@@ -72,6 +74,8 @@ async def serve(settings: Settings, port: int) -> None:
         await core.close()
         await clients.close()
         await asyncio.to_thread(log.close)
+        if loop_db is not None:
+            loop_db.close()
         engine.dispose()
         shutdown_tracing()
         shutdown_metrics()

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
 from shared.db.engine import translate_db_errors
-from shared.db.inline import open_nonblocking, sqlite_file
+from shared.db.inline import LoopConnection
 from shared.db.models import (
     ConversationEventBlobRow,
     ConversationEventRow,
@@ -144,8 +143,14 @@ class SqlCallLog:
     checkpoint's fsync. PostgreSQL, and SQLite in memory, always use the writer thread."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], *, checkpoint_every: int = CHECKPOINT_EVERY
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        loop_db: LoopConnection | None = None,
+        checkpoint_every: int = CHECKPOINT_EVERY,
     ) -> None:
+        """`loop_db`: the event loop's SQLite connection, shared with the loop's readers (see
+        shared.db.inline.LoopConnection); by default the log opens its own."""
         self._sessions = sessions
         self._checkpoint_every = checkpoint_every
         engine = sessions.kw.get("bind")
@@ -160,8 +165,8 @@ class SqlCallLog:
         self._queue: queue.SimpleQueue[
             tuple[CallRecord, asyncio.Future[None], asyncio.AbstractEventLoop] | str | None
         ] = queue.SimpleQueue()
-        self._inline_path = sqlite_file(engine)
-        self._inline: sqlite3.Connection | None = None
+        self._owns_loop_db = loop_db is None
+        self._loop_db = LoopConnection.for_engine(engine) if loop_db is None else loop_db
         self._inline_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[CallRecord, asyncio.Future[None]]] = []
         self._inline_commits = 0
@@ -180,7 +185,7 @@ class SqlCallLog:
     async def write(self, record: CallRecord) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        if self._inline_path is not None and self._inline_loop in (None, loop):
+        if self._loop_db is not None and self._inline_loop in (None, loop):
             self._inline_loop = loop
             self._pending.append((record, future))
             if len(self._pending) == 1:
@@ -193,8 +198,8 @@ class SqlCallLog:
         self._closed = True
         self._queue.put(None)
         self._thread.join(timeout=10)
-        if self._inline is not None:
-            self._inline.close()
+        if self._loop_db is not None and self._owns_loop_db:
+            self._loop_db.close()
 
     # --- commits on the event loop (SQLite file databases) ------------------------------------
 
@@ -223,10 +228,8 @@ class SqlCallLog:
             self._queue.put(_CHECKPOINT)
 
     def _commit_inline(self, records: Sequence[CallRecord]) -> None:
-        conn = self._inline
-        if conn is None:
-            assert self._inline_path is not None
-            conn = self._inline = open_nonblocking(self._inline_path)
+        assert self._loop_db is not None
+        conn = self._loop_db.get()
         cursor = conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")

@@ -31,7 +31,7 @@ from sqlalchemy import (
 
 from services.dispatcher.guardrails import LoopState, PolicyRule, window_start
 from shared.db.engine import translate_db_errors
-from shared.db.inline import open_nonblocking, sqlite_file
+from shared.db.inline import LoopConnection
 from shared.db.models import PolicyRuleRow, utcnow
 from shared.errors import NotFound, Unavailable
 
@@ -306,10 +306,11 @@ class _SnapshotQuery:
 class SqlGuardrailStore:
     """GuardrailStore over a SQLAlchemy engine (SQLite or PostgreSQL)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, loop_db: LoopConnection | None = None) -> None:
+        """`loop_db`: the event loop's SQLite connection for snapshot_now, best shared with the
+        call log's (see shared.db.inline.LoopConnection); by default the store opens its own."""
         self._engine = engine
-        self._inline_path = sqlite_file(engine)
-        self._inline: sqlite3.Connection | None = None
+        self._loop_db = LoopConnection.for_engine(engine) if loop_db is None else loop_db
 
     # --- rules ----------------------------------------------------------------------------
 
@@ -389,13 +390,11 @@ class SqlGuardrailStore:
         no waiting: on a SQLite file, a read of a few rows takes tens of microseconds, less
         than a thread hop. None where it would wait (PostgreSQL, a busy or failing SQLite):
         then the caller reads `snapshot` in a thread."""
-        if self._inline_path is None:
+        if self._loop_db is None:
             return None
         query = _SnapshotQuery(tenant_id, conversation_id, calls, prior_tools)
         try:
-            if self._inline is None:
-                self._inline = open_nonblocking(self._inline_path)
-            row = self._inline.execute(query.statement, query.params).fetchone()
+            row = self._loop_db.get().execute(query.statement, query.params).fetchone()
         except sqlite3.Error:
             return None
         return query.parse(list(row))

@@ -42,3 +42,31 @@ def open_nonblocking(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+class LoopConnection:
+    """The event loop's connection to a SQLite file, opened on first use. Whatever reads and
+    writes on the loop should share one: SQLite drops a connection's page cache whenever
+    another connection commits, so a reader beside a writer re-reads its pages on every call
+    (measured: the guardrail snapshot read 0.15-0.2 ms on its own connection, ~0.03 ms on the
+    call log's)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> LoopConnection | None:
+        """One for the engine's SQLite file; None for any other database."""
+        path = sqlite_file(engine)
+        return None if path is None else cls(path)
+
+    def get(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = open_nonblocking(self.path)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

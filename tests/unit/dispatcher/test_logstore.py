@@ -17,8 +17,11 @@ import pytest
 from sqlalchemy import Engine, Table, TextClause, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.dispatcher.guardrails import LoopState
 from services.dispatcher.logstore import BLOB_THRESHOLD, CallRecord, EventRecord, SqlCallLog
+from services.dispatcher.statestore import LoopStateWrite, SqlGuardrailStore
 from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.inline import LoopConnection
 from shared.db.models import ConversationEventRow, ToolExecutionLogRow
 from shared.db.prepared import Prepared
 from shared.errors import ToolmeshError
@@ -208,3 +211,27 @@ async def test_the_writer_thread_checkpoints_the_wal_of_commits_made_on_the_loop
     checkpointed = await wal_size_after(tmp_path, "checkpointed", 10, 300)
     never = await wal_size_after(tmp_path, "never", 10**9, 300)
     assert checkpointed * 4 < never, (checkpointed, never)
+
+
+async def test_the_log_and_the_guardrail_store_can_share_the_loops_connection(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/shared.db"
+    upgrade(url)
+    engine = make_engine(url)
+    loop_db = LoopConnection.for_engine(engine)
+    assert loop_db is not None
+    log = SqlCallLog(session_factory(engine), loop_db=loop_db)
+    store = SqlGuardrailStore(engine, loop_db=loop_db)
+    try:
+        writes = [LoopStateWrite("t1", "c1", LoopState(1, "h1", 1))]
+        await log.write(record("toolu_1", state_writes=writes))
+        now = store.snapshot_now("t1", "c1", [], [])
+        assert now is not None and now.loop == LoopState(1, "h1", 1)
+        assert now == store.snapshot("t1", "c1", [], [])
+    finally:
+        await asyncio.to_thread(log.close)
+        assert loop_db._conn is not None  # the log does not close what it was lent
+        loop_db.close()
+        engine.dispose()
+    assert LoopConnection.for_engine(make_engine("sqlite://")) is None  # in memory: threads
