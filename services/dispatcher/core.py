@@ -395,13 +395,17 @@ class Dispatcher:
             if conversation:
                 loop = loop.advance(identity)
             limited = rate_rules(rules_here)
-            counts = (
-                await self._run_store(
-                    self._store.count_calls, tenant, tu.name, limited, self._wall_clock()
+            counts: dict[int, int] = {}
+            if limited:
+                now_s = self._wall_clock()
+                now_counts = self._store.count_calls_now(tenant, tu.name, limited, now_s)
+                counts = (
+                    now_counts
+                    if now_counts is not None
+                    else await self._run_store(
+                        self._store.count_calls, tenant, tu.name, limited, now_s
+                    )
                 )
-                if limited
-                else {}
-            )
             checks = check_policies(
                 rules_here,
                 CallFacts(tu.name, inputs, tenant, user, frozenset(context.capabilities)),

@@ -82,6 +82,12 @@ class GuardrailStore(Protocol):
     def count_calls(
         self, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
     ) -> dict[int, int]: ...
+    def count_calls_now(
+        self, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
+    ) -> dict[int, int] | None:
+        """count_calls without blocking (on the event loop), or None when that would wait."""
+        ...
+
     def touch_conversation(self, tenant_id: str, conversation_id: str) -> None: ...
     def bump_cancel_epoch(self, tenant_id: str, conversation_id: str) -> int | None: ...
     def cancel_epoch(self, tenant_id: str, conversation_id: str) -> int: ...
@@ -460,6 +466,46 @@ class SqlGuardrailStore:
             if rules and random.random() < PRUNE_PROBABILITY:
                 horizon = max(r.window_s for r in rules)
                 conn.execute(_PRUNE_COUNTERS, {"horizon": int(now_s) - 2 * horizon})
+        return counts
+
+    def count_calls_now(
+        self, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
+    ) -> dict[int, int] | None:
+        """count_calls on the event loop's connection, for a SQLite file: one short write
+        transaction that never waits (None when another writer holds the lock, or on any
+        failure: then the caller counts in a thread, with the busy timeout). On the same
+        connection as the call log's commits, the two never contend inside this process."""
+        if self._loop_db is None:
+            return None
+        counts: dict[int, int] = {}
+        try:
+            conn = self._loop_db.get()
+            cursor = conn.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    for rule in rules:
+                        params = {
+                            "rule_id": rule.id,
+                            "tenant_id": tenant_id,
+                            "tool": tool_name,
+                            "window": window_start(now_s, rule.window_s),
+                        }
+                        counts[rule.id] = int(
+                            cursor.execute(_COUNT_CALL.text, params).fetchone()[0]
+                        )
+                    if rules and random.random() < PRUNE_PROBABILITY:
+                        horizon = max(r.window_s for r in rules)
+                        cursor.execute(_PRUNE_COUNTERS.text, {"horizon": int(now_s) - 2 * horizon})
+                    cursor.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.rollback()
+                    raise
+            finally:
+                cursor.close()
+        except sqlite3.Error:
+            return None
         return counts
 
     def touch_conversation(self, tenant_id: str, conversation_id: str) -> None:

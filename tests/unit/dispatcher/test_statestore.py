@@ -6,6 +6,8 @@ rate-limit counters are atomic per window; cancellation epochs are shared."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -179,6 +181,29 @@ def test_rate_counters_count_per_window_tenant_and_tool(store: SqlGuardrailStore
     assert store.count_calls("t2", "query", [rule], 125.0) == {rule.id: 1}
     assert store.count_calls("t1", "preview_data", [rule], 125.0) == {rule.id: 1}
     assert store.count_calls("t1", "query", [rule], 180.0) == {rule.id: 1}  # next window
+
+
+def test_rate_counts_made_on_the_loop_continue_those_made_in_threads(
+    store: SqlGuardrailStore, engine: Engine
+) -> None:
+    rule = store.add_rule(
+        a_rule(kind="rate_limit", params={"max_calls": 2, "window_seconds": 60}, name="rl")
+    )
+    if engine.dialect.name != "sqlite":
+        assert store.count_calls_now("t1", "query", [rule], 120.0) is None  # a thread counts
+        return
+    assert store.count_calls("t1", "query", [rule], 120.0) == {rule.id: 1}
+    assert store.count_calls_now("t1", "query", [rule], 121.0) == {rule.id: 2}
+    assert store.count_calls("t1", "query", [rule], 122.0) == {rule.id: 3}
+    assert store.count_calls_now("t1", "query", [rule], 180.0) == {rule.id: 1}  # next window
+    other = sqlite3.connect(str(engine.url.database), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock: no waiting on the loop
+    started = time.monotonic()
+    assert store.count_calls_now("t1", "query", [rule], 181.0) is None
+    assert time.monotonic() - started < 1
+    other.execute("ROLLBACK")
+    other.close()
+    assert store.count_calls_now("t1", "query", [rule], 182.0) == {rule.id: 2}
 
 
 async def test_concurrent_rate_counts_never_repeat_a_number(store: SqlGuardrailStore) -> None:
