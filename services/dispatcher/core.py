@@ -381,7 +381,12 @@ class Dispatcher:
             snap, timeouts = await asyncio.gather(
                 snapshot(), asyncio.gather(*(self._timeouts.get(n, tenant) for n in names))
             )
-        if conversation and not snap.known:  # once per conversation: see touch_conversation
+        # Once per conversation (see touch_conversation): on the loop when that never waits.
+        if (
+            conversation
+            and not snap.known
+            and not self._store.touch_conversation_now(tenant, conversation)
+        ):
             await self._run_store(self._store.touch_conversation, tenant, conversation)
         await self._log.ensure_available()  # never run a tool whose call cannot be logged
         timeout_of = dict(zip(names, timeouts, strict=True))

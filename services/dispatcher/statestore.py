@@ -33,6 +33,7 @@ from services.dispatcher.guardrails import LoopState, PolicyRule, window_start
 from shared.db.engine import translate_db_errors
 from shared.db.inline import LoopConnection
 from shared.db.models import PolicyRuleRow, utcnow
+from shared.db.prepared import PreparedCache
 from shared.errors import NotFound, Unavailable
 
 _RULES = cast(Table, PolicyRuleRow.__table__)
@@ -89,6 +90,11 @@ class GuardrailStore(Protocol):
         ...
 
     def touch_conversation(self, tenant_id: str, conversation_id: str) -> None: ...
+    def touch_conversation_now(self, tenant_id: str, conversation_id: str) -> bool:
+        """touch_conversation without blocking (on the event loop); False when that would
+        wait."""
+        ...
+
     def bump_cancel_epoch(self, tenant_id: str, conversation_id: str) -> int | None: ...
     def cancel_epoch(self, tenant_id: str, conversation_id: str) -> int: ...
     def cancel_epochs(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]: ...
@@ -317,6 +323,7 @@ class SqlGuardrailStore:
         call log's (see shared.db.inline.LoopConnection); by default the store opens its own."""
         self._engine = engine
         self._loop_db = LoopConnection.for_engine(engine) if loop_db is None else loop_db
+        self._prepared = PreparedCache(engine.dialect)
 
     # --- rules ----------------------------------------------------------------------------
 
@@ -516,6 +523,31 @@ class SqlGuardrailStore:
                 _TOUCH,
                 {"tenant_id": tenant_id, "conversation_id": conversation_id, "now": utcnow()},
             )
+
+    def touch_conversation_now(self, tenant_id: str, conversation_id: str) -> bool:
+        """touch_conversation on the event loop's connection, for a SQLite file, never
+        waiting: False when it did nothing (PostgreSQL, a held lock, a failure)."""
+        if self._loop_db is None:
+            return False
+        touch = self._prepared.get(_TOUCH, many=False)
+        params = {"tenant_id": tenant_id, "conversation_id": conversation_id, "now": utcnow()}
+        try:
+            conn = self._loop_db.get()
+            cursor = conn.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+                try:
+                    touch.execute(cursor, params)
+                    cursor.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.rollback()
+                    raise
+            finally:
+                cursor.close()
+        except sqlite3.Error:
+            return False
+        return True
 
     def bump_cancel_epoch(self, tenant_id: str, conversation_id: str) -> int | None:
         """Raise the conversation's cancellation epoch; the new epoch, or None (and nothing

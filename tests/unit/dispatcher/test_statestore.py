@@ -183,6 +183,20 @@ def test_rate_counters_count_per_window_tenant_and_tool(store: SqlGuardrailStore
     assert store.count_calls("t1", "query", [rule], 180.0) == {rule.id: 1}  # next window
 
 
+def test_a_conversation_is_touched_on_the_loop_on_sqlite_only(
+    store: SqlGuardrailStore, engine: Engine
+) -> None:
+    touched = store.touch_conversation_now("t1", "c9")
+    assert touched is (engine.dialect.name == "sqlite")
+    if not touched:
+        store.touch_conversation("t1", "c9")
+    assert store.snapshot("t1", "c9", [], []).known
+    assert store.bump_cancel_epoch("t1", "c9") == 1
+    store.touch_conversation("t1", "c9")  # idempotent
+    assert store.touch_conversation_now("t1", "c9") is touched
+    assert store.cancel_epoch("t1", "c9") == 1
+
+
 def test_rate_counts_made_on_the_loop_continue_those_made_in_threads(
     store: SqlGuardrailStore, engine: Engine
 ) -> None:
