@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
-from shared.db.engine import translate_db_errors
+from shared.db.engine import first_line, translate_db_errors
 from shared.db.inline import LoopConnection
 from shared.db.models import (
     ConversationEventBlobRow,
@@ -229,19 +229,8 @@ class SqlCallLog:
 
     def _commit_inline(self, records: Sequence[CallRecord]) -> None:
         assert self._loop_db is not None
-        conn = self._loop_db.get()
-        cursor = conn.cursor()
-        try:
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                _insert_records(cursor, self._prepared, records)
-                cursor.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
-        finally:
-            cursor.close()
+        with self._loop_db.transaction() as cursor:
+            _insert_records(cursor, self._prepared, records)
 
     # --- the writer thread ---------------------------------------------------------------------
 
@@ -295,7 +284,7 @@ class SqlCallLog:
                     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
                         conn.invalidate()
                         raise Unavailable(
-                            f"database unavailable: {_first_line(exc)}",
+                            f"database unavailable: {first_line(exc, type(exc).__name__)}",
                             reason="DATABASE_UNAVAILABLE",
                         ) from exc
                     raise
@@ -372,11 +361,6 @@ class SqlCallLog:
                     EventEntry(row.id, row.event_type, data, row.created_at, row.tool_use_id)
                 )
             return out
-
-
-def _first_line(exc: BaseException) -> str:
-    text_ = str(exc).strip()
-    return text_.splitlines()[0] if text_ else type(exc).__name__
 
 
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -486,31 +486,19 @@ class SqlGuardrailStore:
             return None
         counts: dict[int, int] = {}
         try:
-            conn = self._loop_db.get()
-            cursor = conn.cursor()
-            try:
-                cursor.execute("BEGIN IMMEDIATE")
-                try:
-                    for rule in rules:
-                        params = {
-                            "rule_id": rule.id,
-                            "tenant_id": tenant_id,
-                            "tool": tool_name,
-                            "window": window_start(now_s, rule.window_s),
-                        }
-                        counts[rule.id] = int(
-                            cursor.execute(_COUNT_CALL.text, params).fetchone()[0]
-                        )
-                    if rules and random.random() < PRUNE_PROBABILITY:
-                        horizon = max(r.window_s for r in rules)
-                        cursor.execute(_PRUNE_COUNTERS.text, {"horizon": int(now_s) - 2 * horizon})
-                    cursor.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
-            finally:
-                cursor.close()
+            with self._loop_db.transaction() as cursor:
+                for rule in rules:
+                    params = {
+                        "rule_id": rule.id,
+                        "tenant_id": tenant_id,
+                        "tool": tool_name,
+                        "window": window_start(now_s, rule.window_s),
+                    }
+                    row = cursor.execute(_COUNT_CALL.text, params).fetchone()
+                    counts[rule.id] = int(row[0])
+                if rules and random.random() < PRUNE_PROBABILITY:
+                    horizon = max(r.window_s for r in rules)
+                    cursor.execute(_PRUNE_COUNTERS.text, {"horizon": int(now_s) - 2 * horizon})
         except sqlite3.Error:
             return None
         return counts
@@ -532,19 +520,8 @@ class SqlGuardrailStore:
         touch = self._prepared.get(_TOUCH, many=False)
         params = {"tenant_id": tenant_id, "conversation_id": conversation_id, "now": utcnow()}
         try:
-            conn = self._loop_db.get()
-            cursor = conn.cursor()
-            try:
-                cursor.execute("BEGIN IMMEDIATE")
-                try:
-                    touch.execute(cursor, params)
-                    cursor.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.rollback()
-                    raise
-            finally:
-                cursor.close()
+            with self._loop_db.transaction() as cursor:
+                touch.execute(cursor, params)
         except sqlite3.Error:
             return False
         return True

@@ -85,15 +85,18 @@ def translate_db_errors() -> Iterator[None]:
     except (OperationalError, SAInterfaceError) as exc:
         logger.warning("database unavailable: %s", exc.orig or exc)
         raise Unavailable(
-            f"database unavailable: {_first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+            f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
         ) from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise Unavailable(
-                f"database connection lost: {_first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+                f"database connection lost: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
             ) from exc
         raise
 
 
-def _first_line(exc: DBAPIError) -> str:
-    return str(exc.orig or exc).strip().splitlines()[0] if str(exc.orig or exc).strip() else ""
+def first_line(exc: BaseException, default: str = "") -> str:
+    """The first line of a database error's message (the driver's, under SQLAlchemy's
+    wrapper), or `default` when it has none."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else default

@@ -11,6 +11,8 @@ timeout. Only for SQLite files on the standard driver; PostgreSQL always uses th
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy import Engine
 
@@ -65,6 +67,25 @@ class LoopConnection:
         if self._conn is None:
             self._conn = open_nonblocking(self.path)
         return self._conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Cursor]:
+        """A write transaction that never waits (BEGIN IMMEDIATE with no busy timeout: a
+        held lock raises sqlite3.OperationalError at once), committed when the block ends and
+        rolled back if it raises."""
+        conn = self.get()
+        cursor = conn.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                yield cursor
+                cursor.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        finally:
+            cursor.close()
 
     def close(self) -> None:
         if self._conn is not None:
