@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from shared.errors import InvalidArgument, NotFound
 from tests.unit.mcp_bridge.conftest import BridgeFactory, raw_config
 from tests.unit.mcp_bridge.test_core import wait_until
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
+from toolmesh.type.v1 import types_pb2 as pb
 
 
 async def call(servicer: McpBridgeServicer, **fields: object) -> list[mpb.CallToolResponse]:
@@ -52,27 +53,6 @@ async def test_bad_requests_and_unknown_connections_raise_for_the_rpc_boundary(
     with pytest.raises(NotFound) as excinfo:
         await call(servicer, connection="nope", tool="echo", arguments_json="{}")
     assert excinfo.value.reason == "MCP_CONNECTION_NOT_FOUND"
-
-
-async def test_a_caller_that_goes_away_cancels_the_request_on_the_session(
-    make_bridge: BridgeFactory, tmp_path: Path
-) -> None:
-    bridge = make_bridge()
-    markers = tmp_path / "m"
-    await bridge.connect(raw_config("raw", "--marker-dir", str(markers)))
-    servicer = McpBridgeServicer(bridge)
-    # grpc.aio cancels the handler's task when the caller cancels or its deadline passes.
-    stream = asyncio.ensure_future(call(servicer, connection="raw", tool="hang"))
-    await wait_until(lambda: any(markers.glob("hang-*")))
-    stream.cancel()
-    # Well before the call's own timeout (120 s): the server is told as soon as the caller goes.
-    await wait_until(lambda: any(markers.glob("cancelled-*")), timeout=10)
-    with pytest.raises(asyncio.CancelledError):
-        await stream
-    messages = await call(
-        servicer, connection="raw", tool="echo", arguments_json='{"message": "x"}'
-    )
-    assert json.loads(messages[-1].result.envelope.ok.data_json) == "Echo: x"
 
 
 async def unary(servicer: McpBridgeServicer, **fields: object) -> mpb.CallToolUnaryResponse:
@@ -113,21 +93,32 @@ async def test_call_tool_unary_raises_bad_requests_and_unknown_connections(
     assert excinfo.value.reason == "MCP_CONNECTION_NOT_FOUND"
 
 
-async def test_a_unary_caller_that_goes_away_cancels_the_request_on_the_session(
-    make_bridge: BridgeFactory, tmp_path: Path
+async def via_stream(servicer: McpBridgeServicer, **fields: object) -> pb.ToolResult:
+    return (await call(servicer, **fields))[-1].result
+
+
+async def via_unary(servicer: McpBridgeServicer, **fields: object) -> pb.ToolResult:
+    return (await unary(servicer, **fields)).result
+
+
+@pytest.mark.parametrize("rpc", [via_stream, via_unary], ids=["CallTool", "CallToolUnary"])
+async def test_a_caller_that_goes_away_cancels_the_request_on_the_session(
+    rpc: Callable[..., Awaitable[pb.ToolResult]], make_bridge: BridgeFactory, tmp_path: Path
 ) -> None:
     bridge = make_bridge()
     markers = tmp_path / "m"
     await bridge.connect(raw_config("raw", "--marker-dir", str(markers)))
     servicer = McpBridgeServicer(bridge)
-    call = asyncio.ensure_future(unary(servicer, connection="raw", tool="hang"))
+    # grpc.aio cancels the handler's task when the caller cancels or its deadline passes.
+    pending = asyncio.ensure_future(rpc(servicer, connection="raw", tool="hang"))
     await wait_until(lambda: any(markers.glob("hang-*")))
-    call.cancel()
+    pending.cancel()
+    # Well before the call's own timeout (120 s): the server is told as soon as the caller goes.
     await wait_until(lambda: any(markers.glob("cancelled-*")), timeout=10)
     with pytest.raises(asyncio.CancelledError):
-        await call
-    echoed = await unary(servicer, connection="raw", tool="echo", arguments_json='{"message": "y"}')
-    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: y"
+        await pending
+    echoed = await rpc(servicer, connection="raw", tool="echo", arguments_json='{"message": "x"}')
+    assert json.loads(echoed.envelope.ok.data_json) == "Echo: x"
 
 
 @pytest.fixture
