@@ -7,16 +7,17 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.errors import Unavailable
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def alembic_config(url: str) -> Config:
+    # Alembic is imported where migrations run, not by every service that opens an engine.
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
@@ -72,6 +76,8 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str) -> None:
     """Apply every migration up to head (idempotent)."""
+    from alembic import command
+
     _ensure_sqlite_dir(normalize_url(url))
     with translate_db_errors():
         command.upgrade(alembic_config(url), "head")

@@ -13,9 +13,8 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -30,6 +29,9 @@ from shared.errors import (
 from shared.llm.config import ModelConfig, ModelConfigStore, get_model_for_role
 from shared.telemetry import metrics, semconv
 from shared.telemetry.tracing import tracer
+
+if TYPE_CHECKING:
+    import anthropic
 
 DEFAULT_MAX_RETRIES = 2
 DEFAULT_TIMEOUT_S = 120.0
@@ -131,7 +133,7 @@ class LLMClient:
         ) as span:
             try:
                 message = await self.sdk.messages.create(**kwargs)
-            except anthropic.APIError as exc:
+            except _sdk().APIError as exc:
                 error = _translate(exc)
                 span.set_attribute(semconv.ERROR_TYPE, type(exc).__name__)
                 span.set_status(Status(StatusCode.ERROR, error.message))
@@ -188,24 +190,34 @@ def _annotate(span: trace.Span, reply: LLMReply) -> None:
     )
 
 
+def _sdk() -> Any:
+    """The `anthropic` module, imported on first use: importing it takes seconds (its pydantic
+    types), and most processes that can make LLM calls (registry, sandbox) seldom or never do,
+    so it must not be paid at every service start."""
+    import anthropic
+
+    return anthropic
+
+
 def _translate(exc: anthropic.APIError) -> ToolmeshError:
     """The SDK's errors (after its own retries of 408/409/429/5xx) as toolmesh errors."""
-    if isinstance(exc, anthropic.APITimeoutError):
+    sdk = _sdk()
+    if isinstance(exc, sdk.APITimeoutError):
         return DeadlineExceeded(f"LLM provider timed out: {exc.message}", reason="LLM_TIMEOUT")
-    if isinstance(exc, anthropic.APIConnectionError):
+    if isinstance(exc, sdk.APIConnectionError):
         return Unavailable(f"LLM provider unreachable: {exc.message}", reason="LLM_UNAVAILABLE")
-    if isinstance(exc, anthropic.RateLimitError):
+    if isinstance(exc, sdk.RateLimitError):
         return ResourceExhausted(
             f"LLM provider rate limit (429) persisted after retries: {exc.message}",
             reason="LLM_RATE_LIMITED",
         )
-    if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
+    if isinstance(exc, sdk.AuthenticationError | sdk.PermissionDeniedError):
         return FailedPrecondition(
             f"LLM provider refused the credentials: {exc.message}", reason="LLM_AUTH"
         )
-    if isinstance(exc, anthropic.BadRequestError | anthropic.UnprocessableEntityError):
+    if isinstance(exc, sdk.BadRequestError | sdk.UnprocessableEntityError):
         return InvalidArgument(f"LLM provider rejected the request: {exc.message}")
-    if isinstance(exc, anthropic.APIStatusError):
+    if isinstance(exc, sdk.APIStatusError):
         return Unavailable(
             f"LLM provider error {exc.status_code} persisted after retries: {exc.message}",
             reason="LLM_UNAVAILABLE",
@@ -235,7 +247,7 @@ def create_llm_client_for_role(
             "non-default endpoint)",
             reason="LLM_NOT_CONFIGURED",
         )
-    sdk = anthropic.AsyncAnthropic(
+    sdk = _sdk().AsyncAnthropic(
         api_key=api_key,
         base_url=env.get("ANTHROPIC_BASE_URL") or None,
         max_retries=max_retries,
