@@ -109,6 +109,19 @@ class _Worker:
                 setattr(self, attr, -1)
 
 
+def _kill_zygote(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL bwrap's whole process group. Killing bwrap alone while it starts leaves its
+    child (pid 1 of the new namespace, not yet tied to bwrap's life by --die-with-parent)
+    blocked for ever on a start-up handshake: an orphan that holds the service's stderr.
+    The group is signalled even when bwrap is gone: Linux never reuses a pid that still names
+    a process group, so the id reaches only what is left of that group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -332,8 +345,7 @@ class WorkerPool:
 
     async def _reap_zygote(self) -> None:
         if self._proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+            _kill_zygote(self._proc)
             await asyncio.to_thread(self._proc.wait)
 
     def _popen_zygote(self) -> socket.socket:
@@ -356,6 +368,10 @@ class WorkerPool:
             stdout=subprocess.DEVNULL,
             pass_fds=(child_sock.fileno(),),
             close_fds=True,
+            # Its own process group: a terminal's Ctrl-C reaches the service, which stops the
+            # zygote itself, and a kill reaches bwrap's half-started child too (see
+            # _kill_zygote).
+            start_new_session=True,
         )
         child_sock.close()
         return host_sock
@@ -445,10 +461,10 @@ class WorkerPool:
         self._workers.clear()
         while not self._ready.empty():
             self._ready.get_nowait().close()
-        if self._proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-        task = asyncio.ensure_future(self._restart_in_background())
+        old = self._proc
+        if old is not None:
+            _kill_zygote(old)
+        task = asyncio.ensure_future(self._restart_in_background(old))
         self._refill_tasks.add(task)
         task.add_done_callback(self._refill_tasks.discard)
 
@@ -458,7 +474,9 @@ class WorkerPool:
             if self._sock is None and not self._closed:
                 await self._start_zygote()
 
-    async def _restart_in_background(self) -> None:
+    async def _restart_in_background(self, old: subprocess.Popen[bytes] | None) -> None:
+        if old is not None:
+            await asyncio.to_thread(old.wait)  # reaped: no zombie bwrap
         try:
             await self._restart()
         except (Unavailable, OSError) as exc:
@@ -814,8 +832,7 @@ class WorkerPool:
             self._sock.close()
             self._sock = None
         if self._proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+            _kill_zygote(self._proc)
             await asyncio.to_thread(self._proc.wait)
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.close)
