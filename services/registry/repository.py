@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.registry.model import SeedReport, ToolDef
 from shared.db.engine import translate_db_errors
 from shared.db.models import ToolDefinitionRow
-from shared.errors import AlreadyExists, NotFound
+from shared.errors import AlreadyExists, NotFound, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ class ToolRepository(Protocol):
     def set_status(
         self, name: str, status: str | None, reason: str, enabled: bool | None
     ) -> ToolDef: ...
+
+
+_SEED_ATTEMPTS = 3
 
 
 def _to_def(row: ToolDefinitionRow) -> ToolDef:
@@ -113,9 +116,23 @@ class SqlToolRepository:
     def seed(self, tools: Sequence[dict[str, Any]], retired: Iterable[str]) -> SeedReport:
         """Upsert the code's system tools. Existing rows get SEED_REFRESHED fields refreshed
         (never tool_type or status); a changed description clears the embedding; retired names
-        are soft-deleted; live system rows the code does not know are reported, never deleted."""
-        report = SeedReport()
+        are soft-deleted; live system rows the code does not know are reported, never deleted.
+
+        Replicas starting together seed at once: the loser's transaction fails (a duplicate
+        name, or on SQLite a write from a stale snapshot) and is run again, now seeing the
+        winner's rows."""
         retired = set(retired)
+        for attempt in range(1, _SEED_ATTEMPTS + 1):
+            try:
+                return self._seed_once(tools, retired)
+            except (IntegrityError, Unavailable) as exc:
+                if attempt == _SEED_ATTEMPTS:
+                    raise
+                logger.info("seeding raced another replica (%s); seeding again", type(exc).__name__)
+        raise AssertionError("unreachable")
+
+    def _seed_once(self, tools: Sequence[dict[str, Any]], retired: set[str]) -> SeedReport:
+        report = SeedReport()
         known = {t["name"] for t in tools}
         with translate_db_errors(), self._sessions.begin() as s:
             rows = {r.name: r for r in s.scalars(select(ToolDefinitionRow))}

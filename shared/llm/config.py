@@ -8,11 +8,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.engine import translate_db_errors
 from shared.db.models import ModelConfigRow
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import InvalidArgument, NotFound, Unavailable
 
 # Roles the platform calls models in. A config row lists the roles it serves; the first row
 # (by model name) serving a role wins, and `default` serves any role nobody claims.
@@ -148,17 +149,30 @@ class ModelConfigStore:
         return cfg
 
     def seed_defaults(self, configs: Iterable[ModelConfig] = DEFAULT_MODEL_CONFIGS) -> int:
-        """Insert the defaults when the table is empty; returns how many were inserted."""
-        with translate_db_errors(), self._sessions.begin() as session:
-            if session.scalars(select(ModelConfigRow.model).limit(1)).first() is not None:
-                return 0
-            count = 0
-            for cfg in configs:
-                row = ModelConfigRow(model=cfg.validate().model)
-                _apply(row, cfg)
-                session.add(row)
-                count += 1
-            return count
+        """Insert the defaults when the table is empty; returns how many were inserted.
+
+        Replicas starting together race here: the loser's insert fails (a duplicate key, or
+        on SQLite a write from a stale snapshot), and when the table then holds rows another
+        seeder won, which is success with nothing inserted."""
+        rows = [cfg.validate() for cfg in configs]
+        try:
+            with translate_db_errors(), self._sessions.begin() as session:
+                if self._seeded(session):
+                    return 0
+                for cfg in rows:
+                    row = ModelConfigRow(model=cfg.model)
+                    _apply(row, cfg)
+                    session.add(row)
+            return len(rows)
+        except (IntegrityError, Unavailable):
+            with translate_db_errors(), self._sessions() as session:
+                if self._seeded(session):
+                    return 0
+            raise
+
+    @staticmethod
+    def _seeded(session: Session) -> bool:
+        return session.scalars(select(ModelConfigRow.model).limit(1)).first() is not None
 
     def for_role(self, role: str) -> ModelConfig:
         return pick_for_role(self.list(), role)

@@ -3,6 +3,8 @@ against a loopback fake Messages API, cost arithmetic, budgets and the usage sta
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -60,6 +62,27 @@ def test_a_role_falls_back_to_default_and_fails_clearly_without_one() -> None:
     lonely = [ModelConfig(model="m", provider="anthropic", max_output_tokens=5, roles=("x",))]
     with pytest.raises(NotFound, match="no model config serves role 'y'"):
         pick_for_role(lonely, "y")
+
+
+def test_replicas_seeding_at_once_all_start_and_seed_the_defaults_once(database_url: str) -> None:
+    """Surface replicas started together seed the same empty table at the same moment."""
+    engines = [make_engine(database_url) for _ in range(6)]
+    stores = [ModelConfigStore(session_factory(e)) for e in engines]
+    barrier = threading.Barrier(len(stores))
+
+    def seed(store: ModelConfigStore) -> int:
+        barrier.wait()
+        return store.seed_defaults()
+
+    try:
+        with ThreadPoolExecutor(len(stores)) as pool:
+            inserted = list(pool.map(seed, stores))
+        assert sum(inserted) == len(DEFAULT_MODEL_CONFIGS)
+        assert sorted(inserted)[:-1] == [0] * (len(stores) - 1)
+        assert len(stores[0].list()) == len(DEFAULT_MODEL_CONFIGS)
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def test_model_configs_are_stored_seeded_once_and_validated(sessions) -> None:  # type: ignore[no-untyped-def]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.registry.repository import SqlToolRepository
+from shared.db.engine import make_engine, session_factory
 from shared.db.models import ToolDefinitionRow
 
 
@@ -45,6 +48,26 @@ def test_first_seed_creates_and_second_seed_changes_nothing(
     alpha = row(sessions, "alpha")
     assert (alpha.tool_type, alpha.status, alpha.tenant_id) == ("system", "approved", "*")
     assert alpha.implementation == "system:alpha"
+
+
+def test_replicas_seeding_at_once_all_start_and_create_each_tool_once(database_url: str) -> None:
+    """Registry replicas started together seed the same empty table at the same moment."""
+    engines = [make_engine(database_url) for _ in range(6)]
+    repos = [SqlToolRepository(session_factory(e)) for e in engines]
+    barrier = threading.Barrier(len(repos))
+
+    def seed(repo: SqlToolRepository) -> list[str]:
+        barrier.wait()
+        return repo.seed(tools(), retired=()).created
+
+    try:
+        with ThreadPoolExecutor(len(repos)) as pool:
+            created = [name for names in pool.map(seed, repos) for name in names]
+        assert sorted(created) == ["alpha", "beta", "gamma"]
+        assert sorted(repos[0].names()) == ["alpha", "beta", "gamma"]
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def test_a_changed_description_updates_bumps_the_version_and_clears_the_embedding(
