@@ -3,6 +3,7 @@ the mesh the same way. Each service announces readiness with one JSON line on st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -41,7 +42,10 @@ class ServiceProcess:
                 self.process.wait(5)
         if self.pump is not None:
             self.pump.join(timeout=5)
-        if self.process.stdout is not None:
+        # Closing the pipe while the pump still reads it would block until the read returns,
+        # which is never if a leaked grandchild holds the write end: the pump is a daemon
+        # thread, and the pipe closes when nothing holds it.
+        if self.process.stdout is not None and not (self.pump and self.pump.is_alive()):
             self.process.stdout.close()
         return self.process.returncode
 
@@ -64,13 +68,34 @@ def start_service(
     echo_output: bool = False,
 ) -> ServiceProcess:
     """Start `python -m services.<name> --port N` and wait until it says it is ready."""
-    return start_process(
-        name,
-        ["-m", f"services.{name}", "--port", str(port)],
-        env=env,
-        timeout=timeout,
-        echo_output=echo_output,
-    )
+    return start_services([(name, port)], env=env, timeout=timeout, echo_output=echo_output)[0]
+
+
+def start_services(
+    services: Sequence[tuple[str, int]],
+    *,
+    env: Mapping[str, str],
+    timeout: float = 60.0,
+    echo_output: bool = False,
+) -> list[ServiceProcess]:
+    """Start several services at once, then wait until every one is ready: their start-ups
+    (seconds of imports each) overlap. No service needs another to be up to start (clients
+    connect lazily and background work retries), so only their addresses must be known in
+    advance. If one fails, every one started is stopped and the error names it."""
+    pending = [
+        _spawn(name, ["-m", f"services.{name}", "--port", str(port)], env, echo_output)
+        for name, port in services
+    ]
+    deadline = time.monotonic() + timeout
+    ready: list[ServiceProcess] = []
+    try:
+        for p in pending:
+            ready.append(_await_ready(p, deadline, timeout))
+    except BaseException:
+        for p in pending:
+            p.stop(timeout=1)
+        raise
+    return ready
 
 
 def start_process(
@@ -82,6 +107,24 @@ def start_process(
     echo_output: bool = False,
 ) -> ServiceProcess:
     """Start `python <python_args>` and wait for its ready line naming `name`."""
+    pending = _spawn(name, python_args, env, echo_output)
+    try:
+        return _await_ready(pending, time.monotonic() + timeout, timeout)
+    except BaseException:
+        pending.stop(timeout=1)
+        raise
+
+
+@dataclass
+class _Pending(ServiceProcess):
+    """A started process whose ready line has not been read yet."""
+
+    lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+
+def _spawn(
+    name: str, python_args: Sequence[str], env: Mapping[str, str], echo_output: bool
+) -> _Pending:
     process = subprocess.Popen(
         [sys.executable, *python_args],
         env=dict(env),
@@ -92,26 +135,31 @@ def start_process(
         bufsize=1,
     )
     assert process.stdout is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-    output: list[str] = []
-    pump = threading.Thread(
-        target=_pump, args=(process.stdout, lines, output, echo_output), daemon=True
+    pending = _Pending(name, process, "")
+    pending.pump = threading.Thread(
+        target=_pump,
+        args=(process.stdout, pending.lines, pending.output, echo_output),
+        daemon=True,
     )
-    pump.start()
-    deadline = time.monotonic() + timeout
+    pending.pump.start()
+    return pending
+
+
+def _await_ready(pending: _Pending, deadline: float, timeout: float) -> ServiceProcess:
+    name, output = pending.name, pending.output
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            ServiceProcess(name, process, "", output, pump).stop(timeout=1)
             raise LaunchError(f"{name} not ready after {timeout:.0f}s:\n{''.join(output[-40:])}")
         try:
-            line = lines.get(timeout=remaining)
+            line = pending.lines.get(timeout=remaining)
         except queue.Empty:
             continue
         if line is None:
-            ServiceProcess(name, process, "", output, pump).stop(timeout=1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pending.process.wait(5)
             raise LaunchError(
-                f"{name} exited with {process.returncode} before it was ready:\n"
+                f"{name} exited with {pending.process.returncode} before it was ready:\n"
                 + "".join(output[-40:])
             )
         if line.startswith("{"):
@@ -120,7 +168,9 @@ def start_process(
             except json.JSONDecodeError:
                 continue
             if event.get("event") == READY_EVENT and event.get("service") == name:
-                return ServiceProcess(name, process, str(event["address"]), output, pump)
+                return ServiceProcess(
+                    name, pending.process, str(event["address"]), output, pending.pump
+                )
 
 
 def service_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict[str, str]:

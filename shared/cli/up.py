@@ -13,7 +13,7 @@ from types import FrameType
 from shared.config import IMPLEMENTED_SERVICES, Settings
 from shared.db.engine import upgrade
 from shared.errors import ToolmeshError
-from shared.launcher import LaunchError, ServiceProcess, service_env, start_service
+from shared.launcher import LaunchError, ServiceProcess, service_env, start_services
 
 
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -56,12 +56,13 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     started: list[ServiceProcess] = []
     code = 0
     try:
-        for name in IMPLEMENTED_SERVICES:
-            proc = start_service(
-                name, env=env, port=settings.ports[name], echo_output=not args.quiet
-            )
-            started.append(proc)
-            print(f"{name:<15} listening on {proc.address}", flush=True)
+        started = start_services(
+            [(name, settings.ports[name]) for name in IMPLEMENTED_SERVICES],
+            env=env,
+            echo_output=not args.quiet,
+        )
+        for proc in started:
+            print(f"{proc.name:<15} listening on {proc.address}", flush=True)
         print(f"database        {settings.database_url}", flush=True)
         print(f"data roots      {os.pathsep.join(map(str, settings.data_roots))}", flush=True)
         print("toolmesh is up; Ctrl-C stops it.", flush=True)
