@@ -1,10 +1,17 @@
 """Fixtures shared by the whole suite: the database backends every storage test runs on
-(SQLite, and PostgreSQL started by the test setup), and an engine on a fresh database."""
+(SQLite, and PostgreSQL started by the test setup), and an engine on a fresh database.
+
+A fresh database is a copy of one migrated once per session (a file copy on SQLite, `CREATE
+DATABASE ... TEMPLATE` on PostgreSQL): running the migrations costs 0.2-0.3 s, and some 300
+fixtures ask for a fresh database. The migrations themselves are tested in tests/unit/db."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -12,6 +19,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.engine import make_engine, session_factory, upgrade
 from tests.support.postgres import create_database, postgres_server
+
+TEMPLATE_DB = "tm_template"
 
 
 @pytest.fixture(scope="session")
@@ -21,11 +30,36 @@ def postgres_admin_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head, copied for each fresh database."""
+    path = tmp_path_factory.mktemp("template") / "toolmesh.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_admin_url: str) -> str:
+    """The name of a PostgreSQL database migrated to head, the template of fresh ones (the
+    migrations run on a NullPool engine, so no connection to it is left open)."""
+    upgrade(create_database(postgres_admin_url, TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
 def fresh_database_url(request: pytest.FixtureRequest, backend: str, tmp_dir: str) -> str:
+    """The URL of a new database on `backend`, already migrated to head."""
     if backend == "sqlite":
-        return f"sqlite:///{tmp_dir}/toolmesh.db"
+        path = Path(tmp_dir) / "toolmesh.db"
+        template = request.getfixturevalue("sqlite_template")
+        with (
+            contextlib.closing(sqlite3.connect(template)) as src,
+            contextlib.closing(sqlite3.connect(path)) as dst,
+        ):
+            src.backup(dst)
+        return f"sqlite:///{path}"
     admin = request.getfixturevalue("postgres_admin_url")
-    return create_database(admin, f"tm_{uuid.uuid4().hex[:12]}")
+    template = request.getfixturevalue("postgres_template")
+    return create_database(admin, f"tm_{uuid.uuid4().hex[:12]}", template=template)
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -34,9 +68,7 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 @pytest.fixture(params=BACKENDS)
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A fresh, migrated database on each backend."""
-    url = fresh_database_url(request, request.param, str(tmp_path_factory.mktemp("db")))
-    upgrade(url)
-    return url
+    return fresh_database_url(request, request.param, str(tmp_path_factory.mktemp("db")))
 
 
 @pytest.fixture

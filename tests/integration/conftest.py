@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from shared.db.engine import upgrade
-from shared.launcher import ServiceProcess, service_env, start_service
+from shared.launcher import ServiceProcess, service_env, start_services
 from shared.telemetry.collector import CollectorThread, MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -91,7 +91,10 @@ def start_mesh(
     spans: MemorySpanSink,
     collector_port: int,
     extra_env: dict[str, str] | None = None,
+    also: Sequence[tuple[str, int]] = (),
 ) -> Mesh:
+    """Registry and dispatcher, plus the services in `also` ((name, port): their addresses
+    are in `extra_env`), all started at once so their start-ups overlap."""
     data_dir = tmp / "data"
     files = data_dir / "files"
     files.mkdir(parents=True)
@@ -117,13 +120,12 @@ def start_mesh(
     for key in ("TOOLMESH_REGISTRY_ADDR", "TOOLMESH_DISPATCHER_ADDR"):
         env.pop(key, None)
     mesh = Mesh(backend, database_url, data_dir, files, env, spans)
-    try:
-        mesh.processes["registry"] = start_service("registry", env=env, port=0)
-        env["TOOLMESH_REGISTRY_ADDR"] = mesh.address("registry")
-        mesh.processes["dispatcher"] = start_service("dispatcher", env=env, port=0)
-    except Exception:
-        mesh.close()
-        raise
+    # Both start at once (their start-ups overlap), so the registry's port is picked first.
+    (registry_port,) = free_ports(1)
+    env["TOOLMESH_REGISTRY_ADDR"] = f"127.0.0.1:{registry_port}"
+    wanted = [("registry", registry_port), ("dispatcher", 0), *also]
+    for proc in start_services(wanted, env=env):
+        mesh.processes[proc.name] = proc
     return mesh
 
 

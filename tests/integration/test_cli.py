@@ -171,6 +171,18 @@ def children_of(pid: int) -> dict[int, str]:
     return found
 
 
+def descendants_of(pid: int) -> dict[int, str]:
+    """Every live process under `pid` (children, theirs, ...): pid -> start time."""
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        for child, start in children_of(frontier.pop()).items():
+            if child not in found:
+                found[child] = start
+                frontier.append(child)
+    return found
+
+
 def running(pid: int, start_time: str) -> bool:
     fields = _stat(pid)
     return fields is not None and fields[19] == start_time and fields[0] != "Z"
@@ -230,7 +242,7 @@ def up(tmp_path: Path) -> Iterator[tuple[Up, dict[str, str], dict[str, int]]]:
         PYTHONUNBUFFERED="1",
     )
     process = subprocess.Popen(
-        [str(TOOLMESH), "up", "--quiet", "--collector-port", "0"],
+        [str(TOOLMESH), "up", "--collector-port", "0"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -300,12 +312,22 @@ def test_up_stops_every_service_cleanly_on_ctrl_c(
     handle.wait_for_line("toolmesh is up", timeout=90)
     services = handle.find_services()
     assert len(services) >= 2
+    everything = descendants_of(handle.process.pid)  # the sandbox's zygote too
     os.killpg(handle.process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-    assert_stopped_cleanly(handle, services)
+    assert_stopped_cleanly(handle, everything)
+    assert "zygote is gone" not in "".join(handle.output), "Ctrl-C reached the sandbox zygote"
 
 
 def assert_stopped_cleanly(handle: Up, services: dict[int, str]) -> None:
-    assert handle.process.wait(timeout=20) == 0
+    try:
+        code = handle.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        left = [cmdline(p) for p, start in services.items() if running(p, start)]
+        raise AssertionError(
+            f"toolmesh up still running 20s after the signal; services left: {left}\n"
+            + "".join(handle.output)
+        ) from None
+    assert code == 0, "".join(handle.output)
     handle.wait_for_line("toolmesh stopped.", timeout=10)
     left = [pid for pid, start in services.items() if running(pid, start)]
     assert not left, f"service processes left behind: {[cmdline(p) for p in left]}"

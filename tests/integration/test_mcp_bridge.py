@@ -145,12 +145,9 @@ def mcp_mesh(
         "TOOLMESH_MCP_RESTART_BACKOFF_S": "0.2",
         "PYTHONPATH": ROOT,
     }
-    mesh = start_mesh(request.param, url, tmp, sink, collector_port, extra_env=extra_env)
-    try:
-        mesh.processes["mcp_bridge"] = start_service("mcp_bridge", env=mesh.env, port=port)
-    except Exception:
-        mesh.close()
-        raise
+    mesh = start_mesh(
+        request.param, url, tmp, sink, collector_port, extra_env, also=[("mcp_bridge", port)]
+    )
     yield mesh
     mesh.close()
 

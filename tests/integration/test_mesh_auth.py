@@ -19,7 +19,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.auth import key_digest
 from shared.clients import cli_channel
-from shared.launcher import start_service
 from shared.telemetry.collector import MemorySpanSink
 from tests.integration.conftest import Mesh, free_ports, start_mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -63,14 +62,8 @@ def keyed(
         "TOOLMESH_SURFACE_ADDR": f"127.0.0.1:{surface_port}",
         "TOOLMESH_TOOL_CACHE_TTL_S": "0",
     }
-    m = start_mesh("sqlite", f"sqlite:///{Path(tmp)}/toolmesh.db", tmp, sink, port, extra)
-    try:
-        m.processes["sandbox"] = start_service("sandbox", env=m.env, port=sandbox_port)
-        m.processes["mcp_bridge"] = start_service("mcp_bridge", env=m.env, port=bridge_port)
-        m.processes["surface"] = start_service("surface", env=m.env, port=surface_port)
-    except Exception:
-        m.close()
-        raise
+    also = [("sandbox", sandbox_port), ("mcp_bridge", bridge_port), ("surface", surface_port)]
+    m = start_mesh("sqlite", f"sqlite:///{Path(tmp)}/toolmesh.db", tmp, sink, port, extra, also)
     yield m
     m.close()
 

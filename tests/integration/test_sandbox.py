@@ -61,12 +61,9 @@ def smesh(
         "ANTHROPIC_API_KEY": "test-key",
         "ANTHROPIC_BASE_URL": fake_llm.base_url,
     }
-    m = start_mesh(request.param, url, tmp, sink, port, extra_env=extra)
-    try:
-        m.processes["sandbox"] = start_service("sandbox", env=m.env, port=sandbox_port)
-    except Exception:
-        m.close()
-        raise
+    m = start_mesh(
+        request.param, url, tmp, sink, port, extra_env=extra, also=[("sandbox", sandbox_port)]
+    )
     yield m
     m.close()
 

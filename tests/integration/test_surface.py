@@ -20,11 +20,11 @@ from services.surface.assembly import MAX_TOOL_SURFACE
 from services.surface.tier0 import ANCHORS
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.db.models import ModelConfigRow, ToolDefinitionRow, ToolExecutionLogRow
-from shared.launcher import service_env, start_service
+from shared.launcher import service_env, start_services
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh
+from tests.integration.conftest import Mesh, free_ports
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.surface.v1 import surface_pb2 as spb
 from toolmesh.surface.v1 import surface_pb2_grpc
@@ -85,13 +85,19 @@ def smesh(
     for key in ("TOOLMESH_REGISTRY_ADDR", "TOOLMESH_DISPATCHER_ADDR", "TOOLMESH_SURFACE_ADDR"):
         env.pop(key, None)
     mesh = SurfaceMesh(request.param, url, data_dir, data_dir / "files", env, sink)
+    surface_port, registry_port = free_ports(2)
+    env["TOOLMESH_SURFACE_ADDR"] = f"127.0.0.1:{surface_port}"
+    env["TOOLMESH_REGISTRY_ADDR"] = f"127.0.0.1:{registry_port}"
     try:
-        mesh.processes["surface1"] = start_service("surface", env=env, port=0)
-        mesh.processes["surface2"] = start_service("surface", env=env, port=0)
-        env["TOOLMESH_SURFACE_ADDR"] = mesh.address("surface1")
-        mesh.processes["registry"] = start_service("registry", env=env, port=0)
-        env["TOOLMESH_REGISTRY_ADDR"] = mesh.address("registry")
-        mesh.processes["dispatcher"] = start_service("dispatcher", env=env, port=0)
+        wanted = {
+            "surface1": ("surface", surface_port),
+            "surface2": ("surface", 0),
+            "registry": ("registry", registry_port),
+            "dispatcher": ("dispatcher", 0),
+        }
+        started = start_services(list(wanted.values()), env=env)
+        for key, proc in zip(wanted, started, strict=True):
+            mesh.processes[key] = proc
         catalog = json.loads(EVAL_CATALOG.read_text())[:CATALOG_SAMPLE]
         tools = [_custom(t["name"], t["description"], t["input_schema"]) for t in catalog]
         tools.append(

@@ -213,14 +213,19 @@ def _check_dbname(name: str) -> None:
         raise ValueError(f"database name {name!r} must match {_DBNAME_RE.pattern}")
 
 
-def _create(conninfo: str, name: str) -> None:
+def _create(conninfo: str, name: str, template: str | None = None) -> None:
     _check_dbname(name)
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        _check_dbname(template)
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
     with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(statement)
 
 
-def create_database(admin_url: str, name: str) -> str:
-    """Create a fresh database `name` on the server of `admin_url`; return its SQLAlchemy URL."""
+def create_database(admin_url: str, name: str, *, template: str | None = None) -> str:
+    """Create a fresh database `name` on the server of `admin_url` (a copy of `template` when
+    given, which must have no open connections); return its SQLAlchemy URL."""
     url = make_url(admin_url)
     conninfo = make_conninfo(
         host=url.host or "127.0.0.1",
@@ -229,7 +234,7 @@ def create_database(admin_url: str, name: str) -> str:
         password=url.password or None,
         dbname="postgres",
     )
-    _create(conninfo, name)
+    _create(conninfo, name, template)
     return url.set(database=name).render_as_string(hide_password=False)
 
 

@@ -16,7 +16,8 @@ from services.mcp_bridge.model import ServerConfig, StoredTool, ToolRegistration
 from services.mcp_bridge.store import SqlConnectionStore
 from services.registry.model import ToolDef
 from services.registry.repository import SqlToolRepository
-from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.engine import make_engine, session_factory
+from tests.conftest import fresh_database_url
 
 RAW_SERVER = ["-m", "tests.mcp_servers.raw_server"]
 
@@ -82,10 +83,8 @@ def raw_config(name: str = "raw", *extra: str, **kw: object) -> ServerConfig:
 
 
 @pytest.fixture
-def sqlite_sessions(tmp_path: Path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path}/bridge.db"
-    upgrade(url)
-    return session_factory(make_engine(url))
+def sqlite_sessions(request: pytest.FixtureRequest, tmp_path: Path) -> sessionmaker[Session]:
+    return session_factory(make_engine(fresh_database_url(request, "sqlite", str(tmp_path))))
 
 
 BridgeFactory = Callable[..., McpBridge]
