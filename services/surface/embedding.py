@@ -36,6 +36,7 @@ import os
 import struct
 import tempfile
 import threading
+import time
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -533,6 +534,33 @@ def cached_graph_path(model_dir: Path, cache_dir: Path, ort_version: str) -> Pat
     )
 
 
+# A temporary file this old is a write that died half-way, not one in progress.
+_STALE_TMP_S = 3600.0
+
+
+def prune_superseded_graphs(current: Path) -> list[Path]:
+    """Delete the cached graphs `current` supersedes (other graph versions, weights or
+    onnxruntime versions of the same model: ~90 MB each, never loaded again) and temporary
+    files of writes that died. A service still running an older version keeps its graph open
+    (unlinking does not unmap it); if it restarts it rebuilds its own. Returns what was
+    deleted; failures are ignored (the cache is an optimisation)."""
+    prefix = current.name.split("-ort-fp32-", 1)[0] + "-ort-fp32-"
+    removed: list[Path] = []
+    for path in current.parent.glob(prefix + "*"):
+        if path == current:
+            continue
+        try:
+            if path.suffix == ".tmp" and time.time() - path.stat().st_mtime < _STALE_TMP_S:
+                continue  # another process may be writing it now
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    if removed:
+        logger.info("removed %d superseded embedding graphs from %s", len(removed), current.parent)
+    return removed
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write a sibling temporary file, then rename it: concurrent starts never read half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -586,6 +614,8 @@ class OrtMiniLMEmbedder(MiniLM):
                     self.graph_path = path
                 except OSError as exc:
                     logger.info("cannot cache the embedding graph in %s: %s", path.parent, exc)
+                else:
+                    prune_superseded_graphs(path)
             if self.graph_path is not None:
                 del graph  # load from the file: one copy of the weights less at the peak
                 self._session = session(str(self.graph_path))

@@ -12,7 +12,9 @@ few texts.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,28 @@ def test_the_graph_is_cached_and_a_bad_cache_file_is_rebuilt(
     assert len(builds) == 2
     assert np.array_equal(third.embed(texts), ort_embedder.embed(texts))
     assert first.graph_path.stat().st_size > 80_000_000  # rewritten
+
+
+def test_a_new_graph_replaces_superseded_ones_in_the_cache(tmp_path: Path) -> None:
+    """Graphs of other versions (~90 MB each) are deleted once a new one is written; another
+    model's files, a write in progress and unrelated files stay."""
+    current = tmp_path / "all-MiniLM-L6-v2-ort-fp32-v3-abcd-ort1.20.onnx"
+    current.write_bytes(b"graph")
+    old_version = tmp_path / "all-MiniLM-L6-v2-ort-fp32-v2-abcd-ort1.20.onnx"
+    old_runtime = tmp_path / "all-MiniLM-L6-v2-ort-fp32-v3-abcd-ort1.19.onnx"
+    dead_write = tmp_path / "all-MiniLM-L6-v2-ort-fp32-v3-abcd-ort1.20.onnxq1w2.tmp"
+    live_write = tmp_path / "all-MiniLM-L6-v2-ort-fp32-v3-abcd-ort1.20.onnxe3r4.tmp"
+    other_model = tmp_path / "other-model-ort-fp32-v1-ffff-ort1.20.onnx"
+    unrelated = tmp_path / "notes.txt"
+    for path in (old_version, old_runtime, dead_write, live_write, other_model, unrelated):
+        path.write_bytes(b"x")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(dead_write, (hours_ago, hours_ago))
+    removed = embedding.prune_superseded_graphs(current)
+    assert sorted(removed) == sorted([old_version, old_runtime, dead_write])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (current, live_write, other_model, unrelated)
+    )
 
 
 def test_an_unwritable_cache_builds_in_memory(
