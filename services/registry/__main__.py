@@ -15,6 +15,7 @@ from services.registry.servicer import GrpcToolCaller, RegistryServicer
 from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
+from shared.llm import client as llm_client
 from shared.llm.client import LlmClientCache
 from shared.llm.config import ModelConfigStore
 from shared.server import (
@@ -104,6 +105,7 @@ async def serve(settings: Settings, port: int) -> None:
     clients = MeshClients({**settings.addresses, SERVICE: self_address})
     caller_box.append(GrpcToolCaller(clients.registry(), settings.tracing))
     announce_ready(SERVICE, f"{settings.host}:{bound}")
+    llm_client.warm_up()
 
     async def on_stop() -> None:
         await clients.close()

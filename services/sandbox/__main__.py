@@ -15,6 +15,7 @@ from services.sandbox.repository import SqlSandboxRepository
 from services.sandbox.servicer import SandboxServicer
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
+from shared.llm import client as llm_client
 from shared.llm.client import LlmClientCache
 from shared.llm.config import ModelConfigStore
 from shared.server import (
@@ -85,6 +86,7 @@ async def serve(settings: Settings, port: int) -> None:
     )
     workers.start()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
+    llm_client.warm_up()
 
     async def on_stop() -> None:
         await workers.stop()

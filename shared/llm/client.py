@@ -10,6 +10,7 @@ instrumented, so no traceparent/baggage header leaves the mesh."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,6 +189,18 @@ def _annotate(span: trace.Span, reply: LLMReply) -> None:
             semconv.GEN_AI_USAGE_COST_CURRENCY: semconv.COST_CURRENCY,
         }
     )
+
+
+def warm_up(env: Mapping[str, str] | None = None) -> threading.Thread | None:
+    """Import the SDK in a background thread when LLM credentials are configured, so a service
+    announces readiness without waiting for it and its first LLM call does not pay for it
+    either. Without credentials nothing is imported (no LLM call can succeed anyway)."""
+    env = os.environ if env is None else env
+    if not env.get("ANTHROPIC_API_KEY"):
+        return None
+    thread = threading.Thread(target=_sdk, name="anthropic-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def _sdk() -> Any:
