@@ -292,9 +292,15 @@ async def create_server(
         ],
         registrar,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc raises it (once returned 0) when the port cannot be bound
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind {host}:{port}")
+        raise OSError(
+            f"cannot listen on {host}:{port}: the address is in use (another toolmesh?) or "
+            "not available here; pick another port with TOOLMESH_<SERVICE>_PORT"
+        )
     await server.start()
     for name in [*names, ""]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -5,7 +5,9 @@ clear line; and SIGTERM drains the calls in flight before a service exits."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -20,7 +22,13 @@ from sqlalchemy import func, select
 
 from shared.db.engine import make_engine
 from shared.db.models import ConversationEventRow, ToolExecutionLogRow
-from shared.launcher import LaunchError, ServiceProcess, service_env, start_service
+from shared.launcher import (
+    LaunchError,
+    ServiceProcess,
+    service_env,
+    start_service,
+    start_services,
+)
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -126,6 +134,41 @@ def test_a_registry_that_cannot_reach_its_database_refuses_to_start_with_one_cle
     reasons = [line for line in text.splitlines() if "database unavailable" in line.lower()]
     assert reasons, text
     assert "127.0.0.1" in reasons[-1]  # names where it tried
+
+
+def test_when_one_of_services_started_together_fails_the_others_are_stopped(
+    tmp_path: Path,
+) -> None:
+    """start_services (toolmesh up, the test meshes): the dispatcher cannot bind a port that is
+    taken, so the launch fails naming it and why in one line, not a traceback, and the
+    registry started beside it does not live on."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        children_before = _children()
+        with pytest.raises(LaunchError) as caught:
+            start_services([("registry", 0), ("dispatcher", busy)], env=base_env(tmp_path))
+    assert _children() == children_before
+    message = str(caught.value)
+    assert message.startswith("dispatcher exited with 2 before it was ready"), message
+    assert "Traceback" not in message
+    assert f"cannot listen on 127.0.0.1:{busy}: the address is in use" in message
+
+
+def _children() -> set[int]:
+    """Pids of this process's live children."""
+    mine = str(os.getpid())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if fields[1] == mine and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found
 
 
 # --- (c) SIGTERM drains the calls in flight -----------------------------------------------------
