@@ -37,7 +37,12 @@ def service_main(service: str, serve: Callable[[Settings, int], Coroutine[Any, A
     parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
     parser.add_argument("--port", type=int, default=None, help="port to bind (0: any free port)")
     args = parser.parse_args()
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:  # a malformed TOOLMESH_* value: one line, not a traceback
+        setup_logging(service, "INFO")
+        logger.error("cannot start: configuration error: %s", exc)
+        sys.exit(2)
     setup_logging(service, settings.log_level)
     port = settings.ports[service] if args.port is None else args.port
     run(serve(settings, port), event_loop=settings.event_loop)

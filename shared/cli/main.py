@@ -18,6 +18,7 @@ from shared.cli import surface as surface_cli
 from shared.cli.render import print_log, print_tools, print_trace
 from shared.clients import cli_channel
 from shared.config import DEFAULT_COLLECTOR_PORT, Settings
+from shared.errors import ToolmeshError
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -245,7 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
-    return int(args.func(args, settings))
+    try:
+        return int(args.func(args, settings))
+    except ToolmeshError as exc:  # e.g. `db upgrade` or `seed` on a database it cannot open
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_RPC_ERROR
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.errors import Unavailable
+from shared.errors import FailedPrecondition, Unavailable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -48,8 +49,26 @@ def _ensure_sqlite_dir(url: str) -> None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
 
 
+def _check_url(url: str) -> None:
+    """A URL SQLAlchemy cannot open (malformed, an unknown dialect, a driver not installed)
+    as a FailedPrecondition naming it, its password hidden."""
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        try:
+            shown = make_url(url).render_as_string(hide_password=True)
+        except ArgumentError:
+            shown = "(unparsable)"
+        raise FailedPrecondition(
+            f"TOOLMESH_DATABASE_URL {shown} cannot be opened: {first_line(exc)} (expected "
+            "sqlite:///path/to/file.db or postgresql://user:password@host:port/database)",
+            reason="DATABASE_URL_INVALID",
+        ) from exc
+
+
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
+    _check_url(url)
     if url.startswith("sqlite"):
         _ensure_sqlite_dir(url)
         engine = create_engine(url, connect_args={"timeout": 10})
@@ -78,6 +97,7 @@ def upgrade(url: str) -> None:
     """Apply every migration up to head (idempotent)."""
     from alembic import command
 
+    _check_url(normalize_url(url))
     _ensure_sqlite_dir(normalize_url(url))
     with translate_db_errors():
         command.upgrade(alembic_config(url), "head")

@@ -115,6 +115,22 @@ def test_call_without_a_running_mesh_exits_2_unavailable() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("nonsense://x", "TOOLMESH_DATABASE_URL nonsense://x cannot be opened"),
+        ("postgresql://u:secret@127.0.0.1:1/x", "database unavailable"),
+    ],
+)
+def test_db_upgrade_on_a_database_it_cannot_open_exits_2_naming_the_problem(
+    url: str, said: str
+) -> None:
+    done = toolmesh("db", "upgrade", env=clean_env(TOOLMESH_DATABASE_URL=url))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(f"error: {said}"), done.stderr
+    assert "Traceback" not in done.stderr and "secret" not in done.stderr
+
+
 @on_sqlite_mesh
 def test_tools_json_lists_the_model_facing_tools_with_a_reasoning_field(mesh: Mesh) -> None:
     done = toolmesh("tools", "--json", "--registry", mesh.address("registry"))

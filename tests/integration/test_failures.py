@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -169,6 +171,32 @@ def _children() -> set[int]:
             if fields[1] == mine and fields[0] != "Z":
                 found.add(int(entry.name))
     return found
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"TOOLMESH_DISPATCHER_PORT": "abc"}, "TOOLMESH_DISPATCHER_PORT='abc' is not an integer"),
+        ({"TOOLMESH_DATABASE_URL": "nonsense://x"}, "TOOLMESH_DATABASE_URL nonsense://x cannot"),
+    ],
+)
+def test_a_malformed_setting_stops_a_service_with_one_line_not_a_traceback(
+    tmp_path: Path, setting: dict[str, str], said: str
+) -> None:
+    env = base_env(tmp_path, **setting)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.dispatcher"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr + done.stdout
+    assert f"cannot start: {'configuration error: ' if 'PORT' in said else ''}{said}" in (
+        done.stderr + done.stdout
+    )
 
 
 # --- (c) SIGTERM drains the calls in flight -----------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -12,6 +13,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, inspect, text
 
 from shared.db.engine import alembic_config, make_engine, upgrade
 from shared.db.models import Base
+from shared.errors import FailedPrecondition
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -83,3 +85,22 @@ def test_sqlite_engines_run_in_wal_mode_on_every_connection(tmp_path: Path) -> N
                 assert conn.execute(text("PRAGMA foreign_keys")).scalar_one() == 1
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "why"),
+    [
+        ("nonsense://x", "nonsense://x", "Can't load plugin"),
+        ("mysql://u:secret@db/x", "mysql://u:***@db/x", "No module named"),
+        ("::::", "(unparsable)", "Could not parse"),
+    ],
+)
+def test_a_database_url_that_cannot_be_opened_is_refused_by_name(
+    url: str, shown: str, why: str
+) -> None:
+    for open_it in (make_engine, upgrade):
+        with pytest.raises(FailedPrecondition) as caught:
+            open_it(url)
+        assert caught.value.reason == "DATABASE_URL_INVALID"
+        assert f"TOOLMESH_DATABASE_URL {shown} cannot be opened: {why}" in caught.value.message
+        assert "secret" not in caught.value.message
