@@ -219,7 +219,9 @@ class Settings:
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                 or "grpc"
             ).strip(),
-            log_level=env.get("TOOLMESH_LOG_LEVEL") or "INFO",
+            log_level=_choice(
+                env, "TOOLMESH_LOG_LEVEL", ("debug", "info", "warning", "error", "critical"), "info"
+            ).upper(),
             event_loop=_choice(env, "TOOLMESH_EVENT_LOOP", ("uvloop", "asyncio"), "uvloop"),
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),

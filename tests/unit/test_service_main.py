@@ -19,6 +19,13 @@ def test_the_event_loop_setting_defaults_to_uvloop_and_refuses_unknown_loops() -
         Settings.from_env({"TOOLMESH_EVENT_LOOP": "trio"})
 
 
+def test_the_log_level_is_one_of_loggings_levels_in_any_case() -> None:
+    assert Settings.from_env({}).log_level == "INFO"
+    assert Settings.from_env({"TOOLMESH_LOG_LEVEL": "warning"}).log_level == "WARNING"
+    with pytest.raises(ValueError, match="TOOLMESH_LOG_LEVEL='loud' is not one of debug, info"):
+        Settings.from_env({"TOOLMESH_LOG_LEVEL": "LOUD"})
+
+
 @pytest.mark.parametrize(("choice", "loop_type"), [("uvloop", uvloop.Loop), ("asyncio", None)])
 def test_a_service_runs_on_the_loop_it_is_configured_with(
     choice: str, loop_type: type | None
