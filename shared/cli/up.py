@@ -7,7 +7,7 @@ import argparse
 import os
 import signal
 import sys
-import threading
+import time
 from types import FrameType
 
 from shared.config import IMPLEMENTED_SERVICES, Settings
@@ -45,10 +45,13 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"127.0.0.1:{port}"
         print(f"span store      listening on 127.0.0.1:{port} -> {spans_path}", flush=True)
 
-    stopping = threading.Event()
+    # A plain flag, not a threading.Event: the handler runs in the main thread between two
+    # bytecodes, possibly while that thread is inside Event.wait holding the Event's lock, and
+    # Event.set would then wait for that lock for ever (a second signal made it likely).
+    stopping: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
+        stopping.append(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -66,7 +69,10 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         print(f"database        {settings.database_url}", flush=True)
         print(f"data roots      {os.pathsep.join(map(str, settings.data_roots))}", flush=True)
         print("toolmesh is up; Ctrl-C stops it.", flush=True)
-        while not stopping.wait(0.5):
+        while not stopping:
+            time.sleep(0.2)  # a signal's handler runs as soon as the sleep is interrupted
+            if stopping:
+                break  # services stopping on the same Ctrl-C are not a crash
             dead = [p for p in started if p.process.poll() is not None]
             if dead:
                 for p in dead:
