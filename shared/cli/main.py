@@ -29,6 +29,7 @@ from toolmesh.type.v1 import types_pb2 as pb
 EXIT_OK = 0
 EXIT_TOOL_ERROR = 1
 EXIT_RPC_ERROR = 2
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
 
 def _channel(settings: Settings, service: str, override: str | None) -> grpc.Channel:
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trace", help="print a call's span tree from the local span store")
     p.add_argument("trace_id", nargs="?", help="32-hex trace id (see `toolmesh log --json`)")
-    p.add_argument("--last", action="store_true", help="the most recent trace")
+    p.add_argument("--last", action="store_true", help="the most recent tool call's trace")
     p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("keys", help="API keys of an authenticating dispatcher")
@@ -247,10 +248,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     try:
-        return int(args.func(args, settings))
+        code = int(args.func(args, settings))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except ToolmeshError as exc:  # e.g. `db upgrade` or `seed` on a database it cannot open
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_RPC_ERROR
+    except BrokenPipeError:
+        # The reader went away (`toolmesh log | head`): stop quietly, as Unix tools do. Python
+        # would otherwise fail again flushing stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -50,6 +50,13 @@ def print_log(entries: Sequence[Any], *, as_json: bool) -> None:
     print(f"({len(entries)} rows)")
 
 
+def _is_tool_call(span: Any) -> bool:
+    """A dispatch (refused ones included) or a tool's execution."""
+    return "DispatcherService/DispatchToolCall" in span.name or (
+        span.attributes.get(semconv.GEN_AI_OPERATION_NAME) == semconv.OPERATION_EXECUTE_TOOL
+    )
+
+
 def print_trace(settings: Settings, trace_id: str | None, *, last: bool) -> int:
     from shared.telemetry.collector import read_spans
 
@@ -62,7 +69,9 @@ def print_trace(settings: Settings, trace_id: str | None, *, last: bool) -> int:
         print("the span store is empty", file=sys.stderr)
         return 2
     if last or not trace_id:
-        trace_id = max(spans, key=lambda s: s.end_ns).trace_id
+        # The last tool call's trace, not the last RPC's: `toolmesh log` is traced too.
+        calls = [s for s in spans if _is_tool_call(s)] or spans
+        trace_id = max(calls, key=lambda s: s.end_ns).trace_id
     chosen = [s for s in spans if s.trace_id == trace_id]
     if not chosen:
         print(f"no spans for trace {trace_id}", file=sys.stderr)

@@ -132,6 +132,24 @@ def test_db_upgrade_on_a_database_it_cannot_open_exits_2_naming_the_problem(
 
 
 @on_sqlite_mesh
+def test_output_into_a_pipe_closed_early_ends_quietly(mesh: Mesh) -> None:
+    """`toolmesh tools | head -1`: the reader goes away; no traceback, the SIGPIPE status."""
+    process = subprocess.Popen(
+        [str(TOOLMESH), "tools", "--all", "--registry", mesh.address("registry")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before it writes anything
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(60) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+
+
+@on_sqlite_mesh
 def test_tools_json_lists_the_model_facing_tools_with_a_reasoning_field(mesh: Mesh) -> None:
     done = toolmesh("tools", "--json", "--registry", mesh.address("registry"))
     assert done.returncode == 0, done.stderr
@@ -304,7 +322,9 @@ def test_up_serves_on_the_configured_ports_traces_calls_and_stops_cleanly_on_sig
     assert "✓ ok." in done.stdout
 
     # Its spans (from both services) reach the local span store and `toolmesh trace --last`
-    # prints the tree.
+    # prints the tree: the last tool call's, not that of the log listing made after it.
+    listed = toolmesh("log", "--limit", "1", env=env)
+    assert listed.returncode == 0 and "ping" in listed.stdout, listed.stderr
     def complete(out: str) -> bool:
         return "execute_tool ping" in out and "DispatchToolCall" in out
 
