@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from shared.cli import seconds
 from shared.clients import cli_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
@@ -36,7 +37,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--json", action="store_true", help="print the exports as JSON")
     ls.add_argument("--dispatcher", help="dispatcher address (default: from config)")
-    ls.add_argument("--timeout", type=float, default=30.0, help="RPC deadline in seconds")
+    ls.add_argument("--timeout", type=seconds, default=30.0, help="RPC deadline in seconds")
     ls.set_defaults(func=cmd_list)
 
     get = export_sub.add_parser("get", help="download an export by its file id")
@@ -50,7 +51,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     get.add_argument("--force", action="store_true", help="overwrite an existing file")
     get.add_argument("--dispatcher", help="dispatcher address (default: from config)")
-    get.add_argument("--timeout", type=float, default=300.0, help="RPC deadline in seconds")
+    get.add_argument("--timeout", type=seconds, default=300.0, help="RPC deadline in seconds")
     get.set_defaults(func=cmd_get)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import grpc
 
 from shared.cli import export as export_cli
-from shared.cli import guardrails, mcp, stats
+from shared.cli import guardrails, mcp, seconds, stats
 from shared.cli import sandbox as sandbox_cli
 from shared.cli import surface as surface_cli
 from shared.cli.render import print_log, print_tools, print_trace
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default="cli", help="user id (default: cli)")
     p.add_argument("--capability", action="append", help="caller capability (repeatable)")
     p.add_argument("--tool-use-id", default="", help="tool_use id (default: generated)")
-    p.add_argument("--timeout", type=float, default=330.0, help="RPC deadline in seconds")
+    p.add_argument("--timeout", type=seconds, default=330.0, help="RPC deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the whole response as JSON")
     p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
     p.set_defaults(func=cmd_call)

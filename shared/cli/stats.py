@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 from google.protobuf import json_format
 
+from shared.cli import seconds
 from shared.clients import cli_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
@@ -55,7 +56,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--tool", help="only this tool")
     p.add_argument("--json", action="store_true", help="print the whole response as JSON")
     p.add_argument("--registry", help="registry address (default: from config)")
-    p.add_argument("--timeout", type=float, default=30.0, help="RPC deadline in seconds")
+    p.add_argument("--timeout", type=seconds, default=30.0, help="RPC deadline in seconds")
     p.set_defaults(func=cmd_stats)
 
 

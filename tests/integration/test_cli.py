@@ -115,6 +115,13 @@ def test_call_without_a_running_mesh_exits_2_unavailable() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "soon"])
+def test_a_deadline_that_is_not_a_positive_number_of_seconds_is_refused(value: str) -> None:
+    done = toolmesh("call", "ping", "--timeout", value)
+    assert done.returncode == 2
+    assert f"argument --timeout: {value!r}" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [
@@ -325,6 +332,7 @@ def test_up_serves_on_the_configured_ports_traces_calls_and_stops_cleanly_on_sig
     # prints the tree: the last tool call's, not that of the log listing made after it.
     listed = toolmesh("log", "--limit", "1", env=env)
     assert listed.returncode == 0 and "ping" in listed.stdout, listed.stderr
+
     def complete(out: str) -> bool:
         return "execute_tool ping" in out and "DispatchToolCall" in out
 
