@@ -315,6 +315,36 @@ class _SnapshotQuery:
         return snap
 
 
+@dataclass(frozen=True)
+class _Counting:
+    """The statements' parameters for counting one call against rate-limit rules: one upsert
+    per rule's current window, and now and then a prune of windows long past."""
+
+    counts: list[tuple[int, dict[str, Any]]]
+    prune: dict[str, Any] | None
+
+    @classmethod
+    def of(
+        cls, tenant_id: str, tool_name: str, rules: Sequence[PolicyRule], now_s: float
+    ) -> _Counting:
+        counts = [
+            (
+                rule.id,
+                {
+                    "rule_id": rule.id,
+                    "tenant_id": tenant_id,
+                    "tool": tool_name,
+                    "window": window_start(now_s, rule.window_s),
+                },
+            )
+            for rule in rules
+        ]
+        prune = None
+        if rules and random.random() < PRUNE_PROBABILITY:
+            prune = {"horizon": int(now_s) - 2 * max(r.window_s for r in rules)}
+        return cls(counts, prune)
+
+
 class SqlGuardrailStore:
     """GuardrailStore over a SQLAlchemy engine (SQLite or PostgreSQL)."""
 
@@ -456,23 +486,13 @@ class SqlGuardrailStore:
     ) -> dict[int, int]:
         """Count one more call against each rate-limit rule's current window, atomically (an
         upsert returning the new count), and return the counts."""
+        counting = _Counting.of(tenant_id, tool_name, rules, now_s)
         counts: dict[int, int] = {}
         with translate_db_errors(), self._engine.begin() as conn:
-            for rule in rules:
-                counts[rule.id] = int(
-                    conn.execute(
-                        _COUNT_CALL,
-                        {
-                            "rule_id": rule.id,
-                            "tenant_id": tenant_id,
-                            "tool": tool_name,
-                            "window": window_start(now_s, rule.window_s),
-                        },
-                    ).scalar_one()
-                )
-            if rules and random.random() < PRUNE_PROBABILITY:
-                horizon = max(r.window_s for r in rules)
-                conn.execute(_PRUNE_COUNTERS, {"horizon": int(now_s) - 2 * horizon})
+            for rule_id, params in counting.counts:
+                counts[rule_id] = int(conn.execute(_COUNT_CALL, params).scalar_one())
+            if counting.prune is not None:
+                conn.execute(_PRUNE_COUNTERS, counting.prune)
         return counts
 
     def count_calls_now(
@@ -484,21 +504,14 @@ class SqlGuardrailStore:
         connection as the call log's commits, the two never contend inside this process."""
         if self._loop_db is None:
             return None
+        counting = _Counting.of(tenant_id, tool_name, rules, now_s)
         counts: dict[int, int] = {}
         try:
             with self._loop_db.transaction() as cursor:
-                for rule in rules:
-                    params = {
-                        "rule_id": rule.id,
-                        "tenant_id": tenant_id,
-                        "tool": tool_name,
-                        "window": window_start(now_s, rule.window_s),
-                    }
-                    row = cursor.execute(_COUNT_CALL.text, params).fetchone()
-                    counts[rule.id] = int(row[0])
-                if rules and random.random() < PRUNE_PROBABILITY:
-                    horizon = max(r.window_s for r in rules)
-                    cursor.execute(_PRUNE_COUNTERS.text, {"horizon": int(now_s) - 2 * horizon})
+                for rule_id, params in counting.counts:
+                    counts[rule_id] = int(cursor.execute(_COUNT_CALL.text, params).fetchone()[0])
+                if counting.prune is not None:
+                    cursor.execute(_PRUNE_COUNTERS.text, counting.prune)
         except sqlite3.Error:
             return None
         return counts
