@@ -831,8 +831,6 @@ class WorkerPool:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        if self._proc is not None:
-            _kill_zygote(self._proc)
-            await asyncio.to_thread(self._proc.wait)
+        await self._reap_zygote()
         if self._cgroups is not None:
             await asyncio.to_thread(self._cgroups.close)
