@@ -97,8 +97,9 @@ def upgrade(url: str) -> None:
     """Apply every migration up to head (idempotent)."""
     from alembic import command
 
-    _check_url(normalize_url(url))
-    _ensure_sqlite_dir(normalize_url(url))
+    url = normalize_url(url)
+    _check_url(url)
+    _ensure_sqlite_dir(url)
     with translate_db_errors():
         command.upgrade(alembic_config(url), "head")
 
