@@ -82,20 +82,12 @@ def start_services(
     (seconds of imports each) overlap. No service needs another to be up to start (clients
     connect lazily and background work retries), so only their addresses must be known in
     advance. If one fails, every one started is stopped and the error names it."""
-    pending = [
-        _spawn(name, ["-m", f"services.{name}", "--port", str(port)], env, echo_output)
-        for name, port in services
-    ]
-    deadline = time.monotonic() + timeout
-    ready: list[ServiceProcess] = []
-    try:
-        for p in pending:
-            ready.append(_await_ready(p, deadline, timeout))
-    except BaseException:
-        for p in pending:
-            p.stop(timeout=1)
-        raise
-    return ready
+    return _start_all(
+        [(name, ["-m", f"services.{name}", "--port", str(port)]) for name, port in services],
+        env=env,
+        timeout=timeout,
+        echo_output=echo_output,
+    )
 
 
 def start_process(
@@ -107,11 +99,25 @@ def start_process(
     echo_output: bool = False,
 ) -> ServiceProcess:
     """Start `python <python_args>` and wait for its ready line naming `name`."""
-    pending = _spawn(name, python_args, env, echo_output)
+    return _start_all([(name, python_args)], env=env, timeout=timeout, echo_output=echo_output)[0]
+
+
+def _start_all(
+    commands: Sequence[tuple[str, Sequence[str]]],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    echo_output: bool,
+) -> list[ServiceProcess]:
+    """Spawn every (name, python args), then wait for each one's ready line within one
+    deadline; on any failure stop all of them."""
+    pending = [_spawn(name, args, env, echo_output) for name, args in commands]
+    deadline = time.monotonic() + timeout
     try:
-        return _await_ready(pending, time.monotonic() + timeout, timeout)
+        return [_await_ready(p, deadline, timeout) for p in pending]
     except BaseException:
-        pending.stop(timeout=1)
+        for p in pending:
+            p.stop(timeout=1)
         raise
 
 
