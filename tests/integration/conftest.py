@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_services
 from shared.telemetry.collector import CollectorThread, MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
@@ -94,13 +93,13 @@ def start_mesh(
     also: Sequence[tuple[str, int]] = (),
 ) -> Mesh:
     """Registry and dispatcher, plus the services in `also` ((name, port): their addresses
-    are in `extra_env`), all started at once so their start-ups overlap."""
+    are in `extra_env`), all started at once so their start-ups overlap. `database_url` is
+    migrated (tests.conftest.fresh_database_url)."""
     data_dir = tmp / "data"
     files = data_dir / "files"
     files.mkdir(parents=True)
     for fixture in FIXTURES.glob("*"):
         shutil.copy(fixture, files / fixture.name)
-    upgrade(database_url)
     env = service_env(
         TOOLMESH_DATA_DIR=str(data_dir),
         TOOLMESH_DATABASE_URL=database_url,

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from shared.auth import key_digest
 from shared.clients import cli_channel
 from shared.telemetry.collector import MemorySpanSink
+from tests.conftest import fresh_database_url
 from tests.integration.conftest import Mesh, free_ports, start_mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -45,7 +46,9 @@ KEYS = {
 
 @pytest.fixture(scope="module")
 def keyed(
-    tmp_path_factory: pytest.TempPathFactory, collector: tuple[MemorySpanSink, int]
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
     tmp = tmp_path_factory.mktemp("mesh-auth")
     keys = tmp / "keys.json"
@@ -63,7 +66,8 @@ def keyed(
         "TOOLMESH_TOOL_CACHE_TTL_S": "0",
     }
     also = [("sandbox", sandbox_port), ("mcp_bridge", bridge_port), ("surface", surface_port)]
-    m = start_mesh("sqlite", f"sqlite:///{Path(tmp)}/toolmesh.db", tmp, sink, port, extra, also)
+    url = fresh_database_url(request, "sqlite", str(tmp))
+    m = start_mesh("sqlite", url, tmp, sink, port, extra, also)
     yield m
     m.close()
 

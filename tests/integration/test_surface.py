@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from services.surface.assembly import MAX_TOOL_SURFACE
 from services.surface.tier0 import ANCHORS
-from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.engine import make_engine, session_factory
 from shared.db.models import ModelConfigRow, ToolDefinitionRow, ToolExecutionLogRow
 from shared.launcher import service_env, start_services
 from shared.rpc_errors import from_rpc_error
@@ -68,7 +68,6 @@ def smesh(
 ) -> Iterator[SurfaceMesh]:
     tmp = tmp_path_factory.mktemp(f"surface-{request.param}")
     url = fresh_database_url(request, request.param, str(tmp))
-    upgrade(url)
     sink, port = collector
     data_dir = tmp / "data"
     (data_dir / "files").mkdir(parents=True)

@@ -38,7 +38,7 @@ from shared.contract.effects import (
     effects_from_json,
     effects_to_json,
 )
-from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.engine import make_engine, session_factory
 from shared.db.models import (
     ConversationEventBlobRow,
     ConversationEventRow,
@@ -299,9 +299,9 @@ def replay_target(
     """Two fresh databases on one backend: the original run's and the empty replay store."""
     urls = []
     for _ in range(2):
-        url = fresh_database_url(request, request.param, str(tmp_path_factory.mktemp("replay")))
-        upgrade(url)
-        urls.append(url)
+        urls.append(
+            fresh_database_url(request, request.param, str(tmp_path_factory.mktemp("replay")))
+        )
     return urls[0], urls[1]
 
 

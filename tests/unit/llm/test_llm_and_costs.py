@@ -14,7 +14,7 @@ from shared.cli.stats import parse_since
 from shared.contract import Err
 from shared.contract.result import exception_to_envelope
 from shared.costs import BudgetExceeded, CostAccount
-from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.engine import make_engine, session_factory
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from shared.llm.client import LlmClientCache, Usage, cost_usd, create_llm_client_for_role
 from shared.llm.config import (
@@ -40,7 +40,6 @@ def fake() -> FakeAnthropic:
 
 @pytest.fixture
 def sessions(database_url: str):  # type: ignore[no-untyped-def]
-    upgrade(database_url)
     engine = make_engine(database_url)
     yield session_factory(engine)
     engine.dispose()
