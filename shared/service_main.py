@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -29,6 +30,17 @@ def announce_ready(service: str, address: str) -> None:
         json.dumps({"event": READY_EVENT, "service": service, "address": address}) + "\n"
     )
     sys.stdout.flush()
+
+
+def freeze_startup_heap() -> None:
+    """Move everything start-up allocated (imported modules, schemas, caches: over a hundred
+    thousand objects in the registry) out of the cyclic garbage collector's reach, once the
+    service is ready to serve. A full collection otherwise walks all of it while every call in
+    flight waits: measured under load at 95-160 ms for one gen-2 collection in the registry and
+    the dispatcher, 21 ms with the start-up heap frozen. Objects allocated later are collected
+    as usual. No collection first: it costs ~60 ms of start-up and finds a few dozen objects
+    (measured), which then simply stay."""
+    gc.freeze()
 
 
 def service_main(service: str, serve: Callable[[Settings, int], Coroutine[Any, Any, None]]) -> None:

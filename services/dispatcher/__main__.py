@@ -20,7 +20,7 @@ from shared.server import (
     install_stop_signals,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, service_main
+from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.metrics import setup_metrics, shutdown_metrics
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from shared.telemetry.usage import SqlUsageLog
@@ -68,6 +68,7 @@ async def serve(settings: Settings, port: int) -> None:
         tracing=settings.tracing,
         trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
     )
+    freeze_startup_heap()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
 
     async def on_stop() -> None:

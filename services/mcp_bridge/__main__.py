@@ -21,7 +21,7 @@ from shared.server import (
     mesh_auth,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, service_main
+from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.metrics import setup_metrics, shutdown_metrics
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2, mcp_bridge_pb2_grpc
@@ -68,6 +68,7 @@ async def serve(settings: Settings, port: int) -> None:
     restored = await core.restore()
     if restored:
         logger.info("re-establishing %d stored MCP connections: %s", len(restored), restored)
+    freeze_startup_heap()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
 
     async def on_stop() -> None:

@@ -25,7 +25,7 @@ from shared.server import (
     mesh_auth,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, service_main
+from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.metrics import setup_metrics, shutdown_metrics
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from shared.telemetry.usage import SqlUsageLog
@@ -104,6 +104,7 @@ async def serve(settings: Settings, port: int) -> None:
     self_address = os.environ.get("TOOLMESH_REGISTRY_ADDR") or f"{settings.host}:{bound}"
     clients = MeshClients({**settings.addresses, SERVICE: self_address})
     caller_box.append(GrpcToolCaller(clients.registry(), settings.tracing))
+    freeze_startup_heap()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
     llm_client.warm_up()
 

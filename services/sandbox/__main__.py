@@ -25,7 +25,7 @@ from shared.server import (
     mesh_auth,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, service_main
+from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from toolmesh.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -85,6 +85,7 @@ async def serve(settings: Settings, port: int) -> None:
         auth=auth,
     )
     workers.start()
+    freeze_startup_heap()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
     llm_client.warm_up()
 

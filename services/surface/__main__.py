@@ -27,7 +27,7 @@ from shared.server import (
     mesh_auth,
     serve_until_signalled,
 )
-from shared.service_main import announce_ready, service_main
+from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
 from toolmesh.surface.v1 import surface_pb2, surface_pb2_grpc
 
@@ -78,6 +78,7 @@ async def serve(settings: Settings, port: int) -> None:
     rederive = asyncio.ensure_future(
         _rederive_periodically(core, settings.surface_derive_interval_s)
     )
+    freeze_startup_heap()
     announce_ready(SERVICE, f"{settings.host}:{bound}")
 
     async def on_stop() -> None:

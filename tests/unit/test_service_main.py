@@ -4,12 +4,15 @@ a misspelt choice is refused when the settings are read."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import re
+from pathlib import Path
 
 import pytest
 import uvloop
 
 from shared.config import Settings
-from shared.service_main import loop_factory, run
+from shared.service_main import freeze_startup_heap, loop_factory, run
 
 
 def test_the_event_loop_setting_defaults_to_uvloop_and_refuses_unknown_loops() -> None:
@@ -42,3 +45,26 @@ def test_a_service_runs_on_the_loop_it_is_configured_with(
         assert not isinstance(loop, uvloop.Loop)
     else:
         assert isinstance(loop, loop_type)
+
+
+def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
+    class Node:
+        pass
+
+    before = Node()
+    gc.unfreeze()
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0
+        # What existed at freeze time is out of every generation; what comes later is not.
+        assert not any(o is before for o in gc.get_objects())
+        after = Node()
+        assert any(o is after for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("service", ["registry", "dispatcher", "sandbox", "mcp_bridge", "surface"])
+def test_every_service_freezes_its_heap_just_before_it_announces_readiness(service: str) -> None:
+    source = (Path(__file__).parents[2] / "services" / service / "__main__.py").read_text()
+    assert re.search(r"freeze_startup_heap\(\)\n\s*announce_ready\(", source)
