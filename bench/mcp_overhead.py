@@ -20,7 +20,7 @@ one kind (after a few unmeasured ones), then the next kind, the order reversed e
 until each kind has `--n` calls.
 On a shared machine the load moves more from one second to the next than from one kind of call
 to the other, so every figure and every ratio sees the same load. Throughput (`--concurrency`
-calls in flight for `--duration` seconds) is measured afterwards, one kind after the other.
+calls in flight for `--duration` seconds) is measured afterwards, in turns too.
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ import itertools
 import socket
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
-from bench.measure import Call, LatencyStats, measure_throughput, percentile, ratio_line
+from bench.measure import Call, measure_interleaved, measure_throughput_interleaved, ratio_line
 from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
@@ -60,9 +59,6 @@ BRIDGE = "bridge (CallToolUnary)"
 BRIDGE_STREAM = "bridge (CallTool stream)"
 REGISTRY = "registry + bridge (ExecuteTool)"
 MESH = "through the mesh"
-# Unmeasured calls at the start of each turn: a process idle since its last turn answers its
-# first calls from cold caches, which is not what a run of sequential calls measures.
-TURN_WARMUP = 5
 
 
 def server_command() -> tuple[list[str], str]:
@@ -81,38 +77,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def measure_interleaved(
-    calls: Mapping[str, Call], n: int, block: int
-) -> dict[str, LatencyStats]:
-    """Latency of `n` sequential calls of each kind, sampled in turns of `block` calls (the
-    order of the kinds reversed every round, each turn after TURN_WARMUP unmeasured calls),
-    after a warm-up of each kind."""
-    for call in calls.values():
-        for _ in range(min(50, n)):
-            await call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
-    for turn in range(-(-n // block)):
-        for name in names if turn % 2 == 0 else reversed(names):
-            call, taken = calls[name], samples[name]
-            for _ in range(TURN_WARMUP):
-                await call()
-            for _ in range(min(block, n - len(taken))):
-                start = time.perf_counter_ns()
-                await call()
-                taken.append((time.perf_counter_ns() - start) / 1e6)
-    stats = {}
-    for name, taken in samples.items():
-        taken.sort()
-        stats[name] = LatencyStats(
-            p50_ms=percentile(taken, 50),
-            p99_ms=percentile(taken, 99),
-            mean_ms=sum(taken) / len(taken),
-            n=len(taken),
-        )
-    return stats
 
 
 def start_mesh(tmp: Path, collector_port: int) -> list[ServiceProcess]:
@@ -246,10 +210,9 @@ async def main_async(n: int, block: int, duration: float, concurrency: int) -> N
     with SpanCounter() as sink:
         async with running(command, sink.port) as calls:
             lat = await measure_interleaved(calls, n, block)
-            throughput = {
-                name: await measure_throughput(calls[name], concurrency, duration)
-                for name in (RAW_3, DIRECT, MESH)
-            }
+            throughput = await measure_throughput_interleaved(
+                {name: calls[name] for name in (RAW_3, DIRECT, MESH)}, concurrency, duration
+            )
     added = lat[MESH].p50_ms - lat[DIRECT].p50_ms
     raw_p50, hop_p50 = lat[RAW_3].p50_ms, lat[RAW_1].p50_ms
     print(f"MCP `echo` of {label} over stdio: through the mesh vs the MCP SDK directly")

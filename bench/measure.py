@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +52,7 @@ async def measure_latency(call: Call, n: int, warmup: int) -> LatencyStats:
         start = time.perf_counter_ns()
         await call()
         samples.append((time.perf_counter_ns() - start) / 1e6)
-    samples.sort()
-    return LatencyStats(
-        p50_ms=percentile(samples, 50),
-        p99_ms=percentile(samples, 99),
-        mean_ms=sum(samples) / len(samples),
-        n=n,
-    )
+    return _stats(samples)
 
 
 async def measure_throughput(call: Call, concurrency: int, duration_s: float) -> float:
@@ -68,6 +62,12 @@ async def measure_throughput(call: Call, concurrency: int, duration_s: float) ->
     the deadline; calls still running then are awaited and counted. A failed call fails the
     measurement.
     """
+    completed, elapsed = await _closed_loop(call, concurrency, duration_s)
+    return completed / elapsed
+
+
+async def _closed_loop(call: Call, concurrency: int, duration_s: float) -> tuple[int, float]:
+    """(calls completed, seconds taken) of measure_throughput's load."""
     if concurrency < 1 or duration_s <= 0:
         raise ValueError("need concurrency >= 1 and duration_s > 0")
     completed = 0
@@ -83,8 +83,71 @@ async def measure_throughput(call: Call, concurrency: int, duration_s: float) ->
     async with asyncio.TaskGroup() as group:
         for _ in range(concurrency):
             group.create_task(worker())
-    elapsed = time.perf_counter() - start
-    return completed / elapsed
+    return completed, time.perf_counter() - start
+
+
+# Unmeasured calls at the start of each turn: a process idle since its last turn answers its
+# first calls from cold caches, which is not what a run of sequential calls measures.
+TURN_WARMUP = 5
+
+
+def _stats(samples: list[float]) -> LatencyStats:
+    samples = sorted(samples)
+    return LatencyStats(
+        p50_ms=percentile(samples, 50),
+        p99_ms=percentile(samples, 99),
+        mean_ms=sum(samples) / len(samples),
+        n=len(samples),
+    )
+
+
+async def measure_interleaved(
+    calls: Mapping[str, Call], n: int, block: int, warmup: int = 50
+) -> dict[str, LatencyStats]:
+    """Latency of `n` sequential calls of each kind, sampled in turns of `block` calls (the
+    order of the kinds reversed every round, each turn after TURN_WARMUP unmeasured calls),
+    after `warmup` calls of each kind.
+
+    On a shared machine the load moves more from one second to the next than from one kind of
+    call to the other, so sampled in turns every kind, and every ratio, sees the same load."""
+    if n < 1 or block < 1 or not calls:
+        raise ValueError("need n >= 1, block >= 1 and at least one kind of call")
+    for call in calls.values():
+        for _ in range(warmup):
+            await call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    for turn in range(-(-n // block)):
+        for name in names if turn % 2 == 0 else reversed(names):
+            call, taken = calls[name], samples[name]
+            for _ in range(TURN_WARMUP):
+                await call()
+            for _ in range(min(block, n - len(taken))):
+                start = time.perf_counter_ns()
+                await call()
+                taken.append((time.perf_counter_ns() - start) / 1e6)
+    return {name: _stats(taken) for name, taken in samples.items()}
+
+
+async def measure_throughput_interleaved(
+    calls: Mapping[str, Call], concurrency: int, duration_s: float, rounds: int = 3
+) -> dict[str, float]:
+    """Calls per second of each kind with `concurrency` in flight: `rounds` windows of
+    `duration_s / rounds` per kind, the order reversed every round; each kind's figure is its
+    completed calls over its windows' total time. Like measure_interleaved, so that a change
+    in the machine's load falls on every kind rather than on whichever ran then."""
+    if rounds < 1:
+        raise ValueError("need rounds >= 1")
+    window = duration_s / rounds
+    completed: dict[str, int] = dict.fromkeys(calls, 0)
+    taken: dict[str, float] = dict.fromkeys(calls, 0.0)
+    names = list(calls)
+    for turn in range(rounds):
+        for name in names if turn % 2 == 0 else reversed(names):
+            count, elapsed = await _closed_loop(calls[name], concurrency, window)
+            completed[name] += count
+            taken[name] += elapsed
+    return {name: completed[name] / taken[name] for name in names}
 
 
 def _fmt(value: float) -> str:
