@@ -5,7 +5,10 @@ survive (google.protobuf.Struct would turn them into doubles)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
+import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -32,6 +35,8 @@ from shared.contract.render import render_envelope
 from shared.errors import InvalidArgument
 from toolmesh.type.v1 import types_pb2 as pb
 
+logger = logging.getLogger(__name__)
+
 MODES = {pb.MODE_CHAT: "chat", pb.MODE_AGENTIC: "agentic", pb.MODE_DELEGATE: "delegate"}
 MODE_VALUES = {v: k for k, v in MODES.items()}
 TOOL_TYPES = {pb.TOOL_TYPE_SYSTEM: "system", pb.TOOL_TYPE_CUSTOM: "custom", pb.TOOL_TYPE_MCP: "mcp"}
@@ -54,26 +59,74 @@ HINT_KIND_VALUES = {v: k for k, v in HINT_KINDS.items()}
 # --- JSON -------------------------------------------------------------------------------------
 
 
+def _reject_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON value (JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"the number {text[:40]} is out of range for a double")
+    return value
+
+
+class _NotJson(ValueError):
+    """Raised from the decoder's hooks: the text parses but is not acceptable JSON."""
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+# A JSON string escape of a UTF-16 surrogate: only these can decode to an unpaired surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def parse_json_object(text: str, field: str) -> dict[str, Any]:
     """Decode JSON text that must be an object; INVALID_ARGUMENT naming the field otherwise.
-    An empty string is an empty object."""
+    An empty string is an empty object. Also refused, as what no other service, database or
+    client could take back: NaN and Infinity (not JSON), numbers beyond a double's range or
+    Python's 4300-digit integer limit, nesting deeper than the decoder's recursion allows, and
+    escapes of unpaired UTF-16 surrogates (not Unicode text: no UTF-8 encoder takes them)."""
     if text.strip() == "":
         return {}
     try:
-        value = json.loads(text)
+        value = _DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise InvalidArgument(
             f"{field} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             reason="INPUT_NOT_JSON",
             field_violations=[(field, f"invalid JSON: {exc.msg}")],
         ) from None
+    except RecursionError:
+        raise _unacceptable(field, "it is nested too deeply") from None
+    except ValueError as exc:  # _NotJson, or an integer over sys.get_int_max_str_digits()
+        detail = (
+            str(exc)
+            if isinstance(exc, _NotJson)
+            else f"an integer has more than {sys.get_int_max_str_digits()} digits"
+        )
+        raise _unacceptable(field, detail) from None
     if not isinstance(value, dict):
         raise InvalidArgument(
             f"{field} must be a JSON object, got {type(value).__name__}",
             reason="INPUT_NOT_OBJECT",
             field_violations=[(field, f"must be a JSON object, got {type(value).__name__}")],
         )
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start : exc.end]
+            raise _unacceptable(
+                field, f"it escapes an unpaired UTF-16 surrogate ({bad!a}), not Unicode text"
+            ) from None
     return value
+
+
+def _unacceptable(field: str, detail: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"{field} is not acceptable JSON: {detail}",
+        reason="INPUT_NOT_JSON",
+        field_violations=[(field, detail)],
+    )
 
 
 def dumps(value: Any) -> str:
@@ -270,7 +323,24 @@ def envelope_from_pb(m: pb.Envelope) -> Envelope:
 
 def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
     """Serialise a handler's result. Content is the rendered envelope; datasets go as Arrow IPC
-    once (in the result, not again inside the envelope's effects)."""
+    once (in the result, not again inside the envelope's effects).
+
+    A result holding text that is not Unicode (an unpaired UTF-16 surrogate, which a sandboxed
+    tool or an MCP server can send as a JSON escape) cannot go into a protobuf string: it
+    becomes an Err result naming that, rather than failing the RPC."""
+    try:
+        return _tool_result_to_pb(result)
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
+        message = (
+            "the tool's result cannot be returned: it holds text that is not valid Unicode "
+            f"(an unpaired UTF-16 surrogate, {bad!a}); the tool must return valid text"
+        )
+        logger.warning("%s", message)
+        return error_result_pb(message, "malformed_result")
+
+
+def _tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
     envelope = to_envelope(result)
     content = result.content if result.envelope is not None else render_envelope(envelope)
     return pb.ToolResult(

@@ -9,6 +9,7 @@ state through the GuardrailStore seam."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -63,10 +64,13 @@ from toolmesh.type.v1 import types_pb2 as pb
 __all__ = ["NARRATION_KEYS", "DispatchOutcome", "Dispatcher", "RegistryGateway", "args_hash"]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 RULE_CACHE_TTL_S = 2.0
 TEXT_CHUNK = 1024  # characters per text_delta chunk of a streamed result
 TOOL_TIMEOUT_CACHE_TTL_S = 30.0
+# How much of a rejected call's raw input its log row and events keep.
+REJECTED_INPUT_CHARS = 64 * 1024
 
 
 class RegistryGateway(Protocol):
@@ -305,7 +309,11 @@ class Dispatcher:
         logged and re-raised; tool failures and guardrail refusals come back as Err results.
         With a `display`, the call's progress, cards, text and export notices are streamed to
         it as they happen; resolving `stop` cancels the call like Cancel does."""
-        inputs = self.parse_input(tool_use)
+        try:
+            inputs = self.parse_input(tool_use)
+        except InvalidArgument as error:
+            await self._log_rejected(tool_use, context, error)
+            raise
         approaches: dict[tuple[str, str], FailedApproach] = {}
         (plan,) = await self._plan(context, [(tool_use, inputs)], approaches, display)
         plan.stop = stop
@@ -326,7 +334,13 @@ class Dispatcher:
                     field_violations=[(f"tool_uses[{i}].id", "duplicate")],
                 )
             seen.add(tu.id)
-        parsed = [self.parse_input(tu) for tu in tool_uses]  # all-or-nothing validation
+        parsed: list[dict[str, Any]] = []  # all-or-nothing validation
+        for tu in tool_uses:
+            try:
+                parsed.append(self.parse_input(tu))
+            except InvalidArgument as error:
+                await self._log_rejected(tu, context, error)
+                raise
         if not tool_uses:
             return []
         approaches: dict[tuple[str, str], FailedApproach] = {}
@@ -346,6 +360,69 @@ class Dispatcher:
         outcomes = list(await asyncio.gather(*(one(p) for p in plans)))
         finalize_turn(outcomes)
         return outcomes
+
+    async def _log_rejected(
+        self, tool_use: pb.ToolUse, context: pb.CallContext, error: InvalidArgument
+    ) -> None:
+        """Log a call refused before anything ran (its input is not acceptable JSON, too large,
+        or it names no tool): a failed tool_execution_log row and its tool_call / tool_result /
+        outcome events, with the raw input (its first REJECTED_INPUT_CHARS characters) as it
+        came. Best effort: if the log cannot take it, the caller still gets the real error."""
+        tool_use_id = tool_use.id or f"toolu_{uuid.uuid4().hex[:24]}"
+        text = tool_use.input_json
+        raw = {
+            "input_json": text[:REJECTED_INPUT_CHARS],
+            "input_chars": len(text),
+            "truncated": len(text) > REJECTED_INPUT_CHARS,
+        }
+        err_text = f"{error.code}: {error.message}"
+        fx = CallEffects()
+        common = {"tool_name": tool_use.name, "tool_use_id": tool_use_id}
+        fx.event("tool_call", {**common, "input": raw, "user_id": context.user_id}, tool_use_id)
+        fx.event(
+            "tool_result",
+            {
+                **common,
+                "content": "",
+                "envelope": "rpc_error",
+                "error": err_text,
+                "status": error.code,
+                "reason": error.reason,
+                "duration_ms": 0.0,
+            },
+            tool_use_id,
+        )
+        fx.event(
+            "outcome",
+            {
+                **common,
+                "status": "rejected",
+                "err_kind": _kind_of_error(error),
+                "duration_ms": 0.0,
+                "failed_attempts": 0,
+                "warnings": [],
+            },
+            tool_use_id,
+        )
+        record = CallRecord(
+            tool_name=tool_use.name,
+            tenant_id=context.tenant_id,
+            user_id=context.user_id,
+            conversation_id=context.conversation_id,
+            tool_use_id=tool_use_id,
+            args_hash="",
+            input_data=raw,
+            output_summary=summarize(err_text),
+            success=False,
+            error=err_text,
+            execution_ms=0.0,
+            trace_id=current_trace_id(),
+            events=list(fx.events),
+        )
+        try:
+            await self._log.write(record)
+        except ToolmeshError as exc:
+            logger.warning("a rejected call of %r could not be logged: %s", tool_use.name, exc)
 
     # --- guardrails (before execution) ------------------------------------------------------
 

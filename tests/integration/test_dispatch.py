@@ -72,6 +72,41 @@ def test_input_that_is_not_a_json_object_is_invalid_argument(mesh: Mesh, payload
     assert error_info(caught.value).reason in {"INPUT_NOT_JSON", "INPUT_NOT_OBJECT"}
 
 
+@pytest.mark.parametrize(
+    ("payload", "detail"),
+    [
+        ('{"echo": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"echo": ' + "7" * 5000 + "}", "digits"),
+        ('{"echo": NaN}', "NaN is not a JSON value"),
+        ('{"echo": 1e400}', "out of range for a double"),
+        ('{"echo": "\\udc80"}', "unpaired UTF-16 surrogate"),
+    ],
+)
+def test_hostile_json_is_refused_logged_and_the_mesh_keeps_serving(
+    mesh: Mesh, payload: str, detail: str
+) -> None:
+    conversation = f"hostile-{abs(hash(payload))}"
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("ping", payload, conversation=conversation, tool_use_id="toolu_hostile")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in caught.value.details()
+    assert error_info(caught.value).reason == "INPUT_NOT_JSON"
+    (entry,) = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id=conversation, limit=5)
+    ).entries
+    assert (entry.tool_name, entry.success, entry.tool_use_id) == ("ping", False, "toolu_hostile")
+    assert entry.error.startswith("INVALID_ARGUMENT: ") and detail in entry.error
+    events = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(tenant_id="tenant-a", conversation_id=conversation)
+    ).events
+    assert [e.event_type for e in events] == ["tool_call", "tool_result", "outcome"]
+    call = json.loads(events[0].data_json)
+    assert call["input"]["input_chars"] == len(payload)
+    assert call["input"]["input_json"] == payload[: 64 * 1024]
+    after = mesh.call("ping", json.dumps({"echo": conversation}), conversation=conversation)
+    assert after.result.envelope.WhichOneof("kind") == "ok"
+
+
 def test_an_empty_tool_name_is_invalid_argument(mesh: Mesh) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         mesh.call("")

@@ -1,0 +1,88 @@
+"""JSON object inputs (tool inputs, MCP arguments, rule parameters): anything that parses but
+that no other service, database or client could take back is INVALID_ARGUMENT naming why."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from shared.contract import Ok, ToolResult, envelope_to_tool_result
+from shared.convert import parse_json_object, tool_result_to_pb
+from shared.errors import InvalidArgument
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ('{"a": NaN}', "NaN is not a JSON value"),
+        ('{"a": Infinity}', "Infinity is not a JSON value"),
+        ('{"a": [-Infinity]}', "-Infinity is not a JSON value"),
+        ('{"a": 1e999}', "the number 1e999 is out of range for a double"),
+        ('{"a": -2.5E+400}', "out of range for a double"),
+        ('{"a": ' + "9" * 5000 + "}", f"more than {sys.get_int_max_str_digits()} digits"),
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"a": "x\\ud800y"}', "unpaired UTF-16 surrogate ('\\ud800')"),
+        ('{"\\uDFFF": 1}', "unpaired UTF-16 surrogate ('\\udfff')"),
+        ('{"a": {"b": ["\\ude00\\ud83d"]}}', "unpaired UTF-16 surrogate"),
+    ],
+)
+def test_unacceptable_json_is_invalid_argument_saying_why(text: str, detail: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_json_object(text, "tool_use.input_json")
+    error = caught.value
+    assert error.reason == "INPUT_NOT_JSON"
+    assert error.message.startswith("tool_use.input_json is not acceptable JSON: ")
+    assert detail in error.message
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ('{"a": "\\ud83d\\ude00"}', {"a": "\U0001f600"}),  # a surrogate pair is one character
+        ('{"a": "\\u00e9\\u0000"}', {"a": "é\x00"}),
+        ('{"a": 1.7976931348623157e308, "b": -0.0, "c": 1e-400}', None),
+        ('{"a": ' + "9" * 4000 + "}", {"a": int("9" * 4000)}),
+        ('{"a": ' + "[" * 200 + "]" * 200 + "}", None),
+        ("  ", {}),
+    ],
+)
+def test_acceptable_json_decodes_as_before(text: str, value: object) -> None:
+    decoded = parse_json_object(text, "f")
+    if value is not None:
+        assert decoded == value
+    else:
+        assert isinstance(decoded, dict)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"), [("[1]", "INPUT_NOT_OBJECT"), ("{x", "INPUT_NOT_JSON")]
+)
+def test_what_is_not_an_object_keeps_its_reason(text: str, reason: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        parse_json_object(text, "f")
+    assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ToolResult(content="before \udc80 after"),
+        envelope_to_tool_result(Ok(data={"text": "x\ud800"})),
+        ToolResult(content="fine", cards=[{"title": "\udfff"}]),
+    ],
+)
+def test_a_result_holding_text_that_is_not_unicode_becomes_an_err_naming_it(
+    result: ToolResult,
+) -> None:
+    message = tool_result_to_pb(result)
+    assert message.envelope.err.err_kind == "malformed_result"
+    assert "not valid Unicode" in message.envelope.err.message
+    assert "unpaired UTF-16 surrogate" in message.content
+    message.SerializeToString()  # and it can be sent
+
+
+def test_a_result_with_valid_astral_text_is_untouched() -> None:
+    message = tool_result_to_pb(ToolResult(content="\U0001f600 ok"))
+    assert message.content.endswith("\U0001f600 ok")
+    assert message.envelope.WhichOneof("kind") == "ok"
