@@ -84,6 +84,7 @@ class Settings:
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
     event_loop          TOOLMESH_EVENT_LOOP, default uvloop — the services' event loop: uvloop,
                         or asyncio (the standard loop; also used when uvloop is not installed).
+                        The MCP bridge always runs on asyncio's loop (services/mcp_bridge).
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.

@@ -43,9 +43,15 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def service_main(service: str, serve: Callable[[Settings, int], Coroutine[Any, Any, None]]) -> None:
+def service_main(
+    service: str,
+    serve: Callable[[Settings, int], Coroutine[Any, Any, None]],
+    *,
+    event_loop: str | None = None,
+) -> None:
     """The `main` of `python -m services.<service> [--port N]`: settings read once from the
-    environment, logging set up, then `serve(settings, port)` until signalled."""
+    environment, logging set up, then `serve(settings, port)` until signalled, on the loop of
+    TOOLMESH_EVENT_LOOP unless the service names its own (`event_loop`)."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
     parser.add_argument("--port", type=int, default=None, help="port to bind (0: any free port)")
     args = parser.parse_args()
@@ -57,7 +63,7 @@ def service_main(service: str, serve: Callable[[Settings, int], Coroutine[Any, A
         sys.exit(2)
     setup_logging(service, settings.log_level)
     port = settings.ports[service] if args.port is None else args.port
-    run(serve(settings, port), event_loop=settings.event_loop)
+    run(serve(settings, port), event_loop=event_loop or settings.event_loop)
 
 
 def loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

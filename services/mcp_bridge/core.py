@@ -412,6 +412,13 @@ class McpBridge:
                     reason="MCP_SERVER_UNAVAILABLE",
                     metadata={"connection": name},
                 ) from None
+            if kind == "MCPError" and code == sdk.PARSE_ERROR:
+                return CallOutcome(
+                    Err(
+                        f"MCP server {name!r} returned a malformed result for {tool!r}: {exc}",
+                        err_kind="malformed_result",
+                    )
+                )
             if kind == "MCPError":
                 return CallOutcome(
                     Err(f"MCP server {name!r} rejected the call to {tool!r}: {exc}", "mcp_error")

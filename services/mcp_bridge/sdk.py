@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,9 @@ INSTALL_HINT = "MCP SDK not installed. Run: pip install 'mcp>=2'"
 # JSON-RPC error codes of the SDK (mcp_types.jsonrpc), kept here so callers need no SDK import.
 CONNECTION_CLOSED = -32000
 REQUEST_TIMEOUT = -32001
+# JSON-RPC's "invalid JSON was received": what a server's unreadable answer becomes (see
+# UnreadableAnswers).
+PARSE_ERROR = -32700
 _TRACE_KEYS = ("traceparent", "tracestate")
 SESSION_HEADER = "mcp-session-id"
 # The instrumentation scope of the SDK's tracer (mcp.shared._otel).
@@ -111,10 +114,12 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
                 reason="MCP_COMMAND_NOT_FOUND",
                 metadata={"connection": config.name, "command": config.command},
             )
+        from mcp.client.stdio import stdio_client
+
         params = mcp.StdioServerParameters(
             command=config.command, args=list(config.args), env=dict(config.env) or None
         )
-        client = mcp.Client(params, client_info=_client_info(mcp))
+        client = mcp.Client(answering(stdio_client(params)), client_info=_client_info(mcp))
     else:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
@@ -134,9 +139,81 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
         )
         await stack.enter_async_context(http)
         client = mcp.Client(
-            streamable_http_client(config.url, http_client=http), client_info=_client_info(mcp)
+            answering(streamable_http_client(config.url, http_client=http)),
+            client_info=_client_info(mcp),
         )
     return await stack.enter_async_context(client)
+
+
+@asynccontextmanager
+async def answering(
+    transport: AbstractAsyncContextManager[tuple[Any, Any]],
+) -> AsyncIterator[tuple[Any, Any]]:
+    """`transport` (an SDK transport) with its read stream wrapped in UnreadableAnswers."""
+    async with transport as (read_stream, write_stream):
+        yield UnreadableAnswers(read_stream), write_stream
+
+
+class UnreadableAnswers:
+    """A transport's read stream, except that a server's answer the SDK cannot read becomes an
+    error answer to the request it answers, so that call fails at once with what was wrong.
+
+    The SDK hands a line it cannot parse (not JSON to its strict parser: an unpaired UTF-16
+    surrogate escape, say) to the session as an exception, which only logs it: the request it
+    answered then waited for its timeout (120 s by default). When Python's own parser can read
+    the line and it is an answer (an id, and a result or an error, no method), the answer
+    becomes a JSON-RPC parse error for that id. Anything else passes through unchanged."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def receive(self) -> Any:
+        return _readable(await self._inner.receive())
+
+    def __aiter__(self) -> UnreadableAnswers:
+        return self
+
+    async def __anext__(self) -> Any:
+        return _readable(await self._inner.__anext__())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> UnreadableAnswers:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:  # close(), last_context, ...
+        return getattr(self._inner, name)
+
+
+def _readable(item: Any) -> Any:
+    if not isinstance(item, Exception) or not hasattr(item, "errors"):
+        return item
+    try:
+        errors = item.errors()
+        line = errors[0].get("input") if errors else None
+        answer = json.loads(line) if isinstance(line, str) else None
+    except Exception:  # noqa: BLE001 - not the pydantic error of an unreadable line
+        return item
+    if (
+        not isinstance(answer, dict)
+        or "method" in answer
+        or not isinstance(answer.get("id"), int | str)
+        or not ("result" in answer or "error" in answer)
+    ):
+        return item
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    detail = str(errors[0].get("msg", "unreadable"))
+    logger.warning("MCP server answered request %r unreadably: %s", answer["id"], detail)
+    message = f"the server's answer is unreadable: {detail}"
+    error = types.ErrorData(code=PARSE_ERROR, message=message)
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=answer["id"], error=error))
 
 
 def _client_info(mcp: Any) -> Any:

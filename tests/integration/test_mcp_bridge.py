@@ -465,6 +465,16 @@ def test_a_failing_tool_is_an_err_result_not_an_rpc_error(mcp_mesh: Mesh) -> Non
     span = next(s for s in spans if s.name == "tools/call malformed")
     assert span.attributes["error.type"] == "malformed_result"
     assert span.status_code == "ERROR"
+    # An answer the SDK cannot parse (an unpaired surrogate escape): an Err at once, not a
+    # call left waiting for its timeout.
+    odd = dispatch(mcp_mesh, "mcp_raw_not_unicode", {}, conversation="mcp-5")
+    assert odd.result.envelope.err.err_kind == "malformed_result"
+    assert "answer is unreadable" in odd.result.content and "surrogate" in odd.result.content
+    entry = mcp_mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="mcp-5", limit=1)
+    ).entries[0]
+    assert (entry.tool_name, entry.success) == ("mcp_raw_not_unicode", False)
+    assert dispatch(mcp_mesh, "mcp_raw_fail", {}, conversation="mcp-5b").result.content
 
 
 def test_cancelling_the_conversation_cancels_the_request_on_the_mcp_session(
@@ -527,7 +537,9 @@ def test_bad_connections_fail_clearly_and_disconnect_reaps_every_process(mcp_mes
     assert unspecified.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     bridge_pid = mcp_mesh.processes["mcp_bridge"].process.pid
     before = children_of(bridge_pid)
-    for _ in range(5):
+    # Enough cycles to catch a new server losing its pipes to the old one's teardown (it did on
+    # uvloop: about one cycle in a hundred).
+    for _ in range(12):
         stub.Connect(stdio("cycle", RAW), timeout=60)
         assert len(children_of(bridge_pid) - before) == 1
         removed = stub.Disconnect(mpb.DisconnectRequest(name="cycle"), timeout=60)

@@ -59,6 +59,11 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object"},
     },
     {
+        "name": "not_unicode",
+        "description": "Answer with text holding an unpaired UTF-16 surrogate (a JSON escape).",
+        "inputSchema": {"type": "object"},
+    },
+    {
         "name": "bad_base64",
         "description": "Answer with an image whose data is not base64.",
         "inputSchema": {"type": "object"},
@@ -142,6 +147,9 @@ class Server:
             os._exit(3)
         elif name == "malformed":
             result(request_id, {"content": [{"type": "image"}], "isError": "perhaps"})
+        elif name == "not_unicode":
+            # json.dumps escapes it as \udc80: valid JSON, but not Unicode text once decoded.
+            result(request_id, text("before \udc80 after"))
         elif name == "bad_base64":
             data = {"type": "image", "data": "!!not base64!!", "mimeType": "image/png"}
             result(request_id, {"content": [data]})

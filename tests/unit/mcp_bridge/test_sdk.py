@@ -1,5 +1,6 @@
 """The MCP SDK seam: the SDK's own tracer turned off, so a tools/call is one span (the bridge's)
-and the context the SDK injects into `_meta` is that span's."""
+and the context the SDK injects into `_meta` is that span's; a server's answer the SDK cannot
+read fails its request at once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.mcp_bridge.sdk import SDK_TRACER_SCOPE, disable_sdk_tracer
+from services.mcp_bridge.sdk import (
+    PARSE_ERROR,
+    SDK_TRACER_SCOPE,
+    UnreadableAnswers,
+    disable_sdk_tracer,
+)
 
 
 def test_the_sdk_tracer_records_nothing_and_injects_the_bridges_span() -> None:
@@ -42,3 +48,64 @@ def test_the_sdk_tracer_records_nothing_and_injects_the_bridges_span() -> None:
 
 def test_without_an_sdk_tracer_provider_nothing_changes() -> None:
     assert not disable_sdk_tracer(trace.NoOpTracerProvider())
+
+
+def _unreadable(line: str) -> Exception:
+    from mcp import types
+
+    try:
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError as exc:
+        return exc
+    raise AssertionError(f"{line!r} parsed")
+
+
+class _Stream:
+    """A read stream handing out the given items (the SDK transport's, stubbed)."""
+
+    def __init__(self, *items: object) -> None:
+        self.items = list(items)
+        self.last_context = "ctx"
+        self.closed = False
+
+    async def receive(self) -> object:
+        return self.items.pop(0)
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> object:
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_an_unreadable_answer_becomes_a_parse_error_for_its_request() -> None:
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    answer = (
+        '{"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "\\udc80"}]}}'
+    )
+    stream = UnreadableAnswers(_Stream(_unreadable(answer)))
+    item = await stream.receive()
+    assert isinstance(item, SessionMessage)
+    assert isinstance(item.message, types.JSONRPCError)
+    assert item.message.id == 7 and item.message.error.code == PARSE_ERROR
+    assert "surrogate" in item.message.error.message
+    assert stream.last_context == "ctx"  # the rest of the stream's surface passes through
+    await stream.aclose()
+
+
+async def test_what_is_not_an_unreadable_answer_passes_through_unchanged() -> None:
+    request = _unreadable(
+        '{"jsonrpc": "2.0", "id": 1, "method": "sampling/x", "params": "\\udc80"}'
+    )
+    notification = _unreadable('{"jsonrpc": "2.0", "method": "n", "params": {"m": "\\ud800"}}')
+    garbage = _unreadable("{not json at all")
+    other = RuntimeError("transport trouble")
+    stream = UnreadableAnswers(_Stream(request, notification, garbage, other, "a message"))
+    assert [item async for item in stream] == [request, notification, garbage, other, "a message"]
