@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -71,6 +72,17 @@ TEXT_CHUNK = 1024  # characters per text_delta chunk of a streamed result
 TOOL_TIMEOUT_CACHE_TTL_S = 30.0
 # How much of a rejected call's raw input its log row and events keep.
 REJECTED_INPUT_CHARS = 64 * 1024
+# Registered tool names match [a-zA-Z0-9_-]{1,64} (services/registry/model.py).
+MAX_TOOL_NAME_CHARS = 64
+# The width of the log's identifier columns (shared/db/models.py).
+MAX_ID_CHARS = 128
+MAX_CAPABILITIES = 256
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """`text` with its control characters as U+FFFD (what a log column and a message can hold)."""
+    return _CONTROL.sub("\ufffd", text)
 
 
 class RegistryGateway(Protocol):
@@ -286,6 +298,20 @@ class Dispatcher:
             raise InvalidArgument(
                 "tool_use.name is required", field_violations=[("tool_use.name", "empty")]
             )
+        if _CONTROL.search(tool_use.name):
+            raise InvalidArgument(
+                f"tool_use.name {_printable(tool_use.name)!r} holds control characters; a tool "
+                f"name matches [a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}",
+                reason="NAME_INVALID",
+                field_violations=[("tool_use.name", "control characters")],
+            )
+        if len(tool_use.name) > MAX_TOOL_NAME_CHARS:
+            raise InvalidArgument(
+                f"tool_use.name is {len(tool_use.name)} characters; a tool name is at most "
+                f"{MAX_TOOL_NAME_CHARS} ([a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}})",
+                reason="NAME_TOO_LONG",
+                field_violations=[("tool_use.name", "too long")],
+            )
         size = len(tool_use.input_json.encode("utf-8"))
         if size > self._max_input_bytes:
             raise InvalidArgument(
@@ -294,6 +320,43 @@ class Dispatcher:
                 field_violations=[("tool_use.input_json", "too large")],
             )
         return convert.parse_json_object(tool_use.input_json, "tool_use.input_json")
+
+    @staticmethod
+    def check_identifiers(context: pb.CallContext, tool_uses: Sequence[pb.ToolUse]) -> None:
+        """Identifiers that go into the log's columns (128 characters each, in every database:
+        PostgreSQL refuses a longer value, so the call could not be logged) and capabilities
+        within bounds: INVALID_ARGUMENT naming the field otherwise. Checked before anything
+        else, so nothing is logged for such a request."""
+        fields = [
+            ("context.tenant_id", context.tenant_id),
+            ("context.user_id", context.user_id),
+            ("context.conversation_id", context.conversation_id),
+        ]
+        fields += [
+            ("tool_use.id" if len(tool_uses) == 1 else f"tool_uses[{i}].id", tu.id)
+            for i, tu in enumerate(tool_uses)
+        ]
+        for name, value in fields:
+            if len(value) > MAX_ID_CHARS:
+                raise InvalidArgument(
+                    f"{name} is {len(value)} characters, over the {MAX_ID_CHARS}-character limit",
+                    reason="ID_TOO_LONG",
+                    field_violations=[(name, "too long")],
+                )
+            if _CONTROL.search(value):  # PostgreSQL text cannot hold NUL; none belong in an id
+                raise InvalidArgument(
+                    f"{name} {_printable(value)!r} holds control characters",
+                    reason="ID_INVALID",
+                    field_violations=[(name, "control characters")],
+                )
+        caps = context.capabilities
+        if len(caps) > MAX_CAPABILITIES or any(len(c) > MAX_ID_CHARS for c in caps):
+            raise InvalidArgument(
+                f"context.capabilities holds {len(caps)} entries; at most {MAX_CAPABILITIES} "
+                f"of at most {MAX_ID_CHARS} characters each",
+                reason="CAPABILITIES_TOO_LARGE",
+                field_violations=[("context.capabilities", "too many or too long")],
+            )
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -309,6 +372,7 @@ class Dispatcher:
         logged and re-raised; tool failures and guardrail refusals come back as Err results.
         With a `display`, the call's progress, cards, text and export notices are streamed to
         it as they happen; resolving `stop` cancels the call like Cancel does."""
+        self.check_identifiers(context, [tool_use])
         try:
             inputs = self.parse_input(tool_use)
         except InvalidArgument as error:
@@ -325,6 +389,7 @@ class Dispatcher:
         """The calls of one assistant turn: guardrails evaluated in input order, then the calls
         run concurrently; results in input order. A call that fails at the RPC level gets an Err
         result in its own slot."""
+        self.check_identifiers(context, tool_uses)
         seen: set[str] = set()
         for i, tu in enumerate(tool_uses):
             if tu.id and tu.id in seen:
@@ -377,7 +442,10 @@ class Dispatcher:
         }
         err_text = f"{error.code}: {error.message}"
         fx = CallEffects()
-        common = {"tool_name": tool_use.name, "tool_use_id": tool_use_id}
+        name = _printable(tool_use.name)
+        if len(name) > MAX_TOOL_NAME_CHARS:  # fits the log's column, says how long it was
+            name = f"{name[:MAX_TOOL_NAME_CHARS]}… ({len(name)} characters)"
+        common = {"tool_name": name, "tool_use_id": tool_use_id}
         fx.event("tool_call", {**common, "input": raw, "user_id": context.user_id}, tool_use_id)
         fx.event(
             "tool_result",
@@ -405,7 +473,7 @@ class Dispatcher:
             tool_use_id,
         )
         record = CallRecord(
-            tool_name=tool_use.name,
+            tool_name=common["tool_name"],
             tenant_id=context.tenant_id,
             user_id=context.user_id,
             conversation_id=context.conversation_id,
@@ -422,7 +490,7 @@ class Dispatcher:
         try:
             await self._log.write(record)
         except ToolmeshError as exc:
-            logger.warning("a rejected call of %r could not be logged: %s", tool_use.name, exc)
+            logger.warning("a rejected call of %r could not be logged: %s", name, exc)
 
     # --- guardrails (before execution) ------------------------------------------------------
 

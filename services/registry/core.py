@@ -112,8 +112,22 @@ class Execution:
     execution_ms: float
 
 
+# Tool names are at most 64 characters (model.NAME_PATTERN); what a caller names is compared and
+# quoted up to twice that.
+MAX_MATCHED_CHARS = 128
+MAX_CACHED_TOOLS = 4096
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def closest_names(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
-    """The n candidates most similar to `name`, best first (never empty when there are any)."""
+    """The n candidates most similar to `name`, best first (never empty when there are any).
+    Only the first MAX_MATCHED_CHARS characters of `name` are compared: difflib's cost grows
+    with the product of the lengths, and a megabyte name held a service's loop for minutes."""
+    name = name[:MAX_MATCHED_CHARS]
     close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
     if len(close) < n:
         ranked = sorted(candidates, key=lambda c: -difflib.SequenceMatcher(None, name, c).ratio())
@@ -256,6 +270,8 @@ class Registry:
             tool = cached[1]
         else:
             tool = await asyncio.to_thread(self._repo.get, name)
+            if len(self._cache) >= MAX_CACHED_TOOLS:  # unknown names must not grow it for ever
+                self._cache.clear()
             self._cache[name] = (now + self._cache_ttl_s, tool)
         if tool is None or not tool.live or not tool.visible_to(tenant_id):
             # Suggest only tools this tenant can see: other tenants' tool names stay private.
@@ -263,10 +279,13 @@ class Registry:
             names = [t.name for t in visible]
             suggestions = closest_names(name, names)
             hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+            # The name as given, cut to what a tool name can be: it travels in the status
+            # message and its metadata, which gRPC caps at 16 KB of headers.
+            shown = clip(name, MAX_MATCHED_CHARS)
             raise NotFound(
-                f"unknown tool {name!r}{hint}",
+                f"unknown tool {shown!r}{hint}",
                 reason="TOOL_NOT_FOUND",
-                metadata={"tool": name, "suggestions": ",".join(suggestions)},
+                metadata={"tool": shown, "suggestions": ",".join(suggestions)},
             )
         return tool
 

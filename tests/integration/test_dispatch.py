@@ -10,6 +10,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from tests.integration.conftest import Mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
+from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.type.v1 import types_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -252,3 +253,77 @@ def test_a_call_is_one_trace_across_processes(mesh: Mesh) -> None:
     assert root.name == root_name
     assert root.kind == "SERVER"
     assert root.service_name == "toolmesh-dispatcher"
+
+
+@pytest.mark.parametrize(
+    ("tool_use", "context", "reason"),
+    [
+        (pb.ToolUse(name="p" * 5_000_000), pb.CallContext(tenant_id="t"), "NAME_TOO_LONG"),
+        (pb.ToolUse(name="ping", id="i" * 129), pb.CallContext(tenant_id="t"), "ID_TOO_LONG"),
+        (pb.ToolUse(name="pi\x00ng"), pb.CallContext(tenant_id="t"), "NAME_INVALID"),
+        (pb.ToolUse(name="ping"), pb.CallContext(tenant_id="t\x00"), "ID_INVALID"),
+        (
+            pb.ToolUse(name="ping"),
+            pb.CallContext(tenant_id="t", conversation_id="a\nb"),
+            "ID_INVALID",
+        ),
+        (pb.ToolUse(name="ping"), pb.CallContext(tenant_id="t" * 129), "ID_TOO_LONG"),
+        (
+            pb.ToolUse(name="ping"),
+            pb.CallContext(tenant_id="t", conversation_id="c" * 1_000_000),
+            "ID_TOO_LONG",
+        ),
+        (
+            pb.ToolUse(name="ping"),
+            pb.CallContext(tenant_id="t", capabilities=["c"] * 10_000),
+            "CAPABILITIES_TOO_LARGE",
+        ),
+    ],
+)
+def test_oversized_names_and_identifiers_are_refused_at_once(
+    mesh: Mesh, tool_use: pb.ToolUse, context: pb.CallContext, reason: str
+) -> None:
+    """Before: a 5 MB tool name held the registry (its "did you mean") past a 60 s deadline, a
+    1 MB conversation id took 21 s on SQLite, and PostgreSQL refused ids over the log's
+    128-character columns or holding NUL, so such a call failed as UNAVAILABLE, unlogged."""
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.dispatcher.DispatchToolCall(
+            dpb.DispatchToolCallRequest(tool_use=tool_use, context=context), timeout=10
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(caught.value).reason == reason
+    assert len(caught.value.details()) < 300
+
+
+def test_an_unknown_long_name_is_not_found_with_suggestions_quickly(mesh: Mesh) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call("ping" + "x" * 60, conversation="long-unknown", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "did you mean ping" in caught.value.details()
+    # The registry called directly: its "did you mean" compares a clipped name, and the status
+    # quotes it clipped (a 100 KB name in the status overflowed gRPC's 16 KB header limit).
+    with pytest.raises(grpc.RpcError) as direct:
+        mesh.registry.ExecuteTool(
+            rpb.ExecuteToolRequest(
+                name="ping" + "y" * 5_000_000, context=pb.CallContext(tenant_id="tenant-a")
+            ),
+            timeout=10,
+        )
+    assert direct.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "(5000004 characters)" in direct.value.details()
+    assert "did you mean ping" in direct.value.details()
+
+
+def test_nul_characters_in_input_are_logged_on_every_backend(mesh: Mesh) -> None:
+    conversation = "nul-in-input"
+    response = mesh.call("ping", '{"echo": "a\\u0000b"}', conversation=conversation)
+    assert json.loads(response.result.envelope.ok.data_json)["echo"] == "a\x00b"
+    (entry,) = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id=conversation, limit=5)
+    ).entries
+    assert entry.success and entry.conversation_id == conversation
+    events = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(tenant_id="tenant-a", conversation_id=conversation)
+    ).events
+    call = next(e for e in events if e.event_type == "tool_call")
+    assert json.loads(call.data_json)["input"]["echo"] == "a\x00b"
