@@ -74,6 +74,10 @@ class _NotJson(ValueError):
     """Raised from the decoder's hooks: the text parses but is not acceptable JSON."""
 
 
+# Deeper inputs are refused: past a few hundred levels, schema validation and rendering run out
+# of Python's recursion limit (a 500-level input was an INTERNAL error in the registry); no
+# tool's input needs more than a handful.
+MAX_JSON_DEPTH = 100
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 # A JSON string escape of a UTF-16 surrogate: only these can decode to an unpaired surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -83,8 +87,8 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
     """Decode JSON text that must be an object; INVALID_ARGUMENT naming the field otherwise.
     An empty string is an empty object. Also refused, as what no other service, database or
     client could take back: NaN and Infinity (not JSON), numbers beyond a double's range or
-    Python's 4300-digit integer limit, nesting deeper than the decoder's recursion allows, and
-    escapes of unpaired UTF-16 surrogates (not Unicode text: no UTF-8 encoder takes them)."""
+    Python's 4300-digit integer limit, nesting deeper than MAX_JSON_DEPTH, and escapes of
+    unpaired UTF-16 surrogates (not Unicode text: no UTF-8 encoder takes them)."""
     if text.strip() == "":
         return {}
     try:
@@ -110,6 +114,8 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
             reason="INPUT_NOT_OBJECT",
             field_violations=[(field, f"must be a JSON object, got {type(value).__name__}")],
         )
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(value) > MAX_JSON_DEPTH:
+        raise _unacceptable(field, f"it is nested more than {MAX_JSON_DEPTH} levels deep")
     if _SURROGATE_ESCAPE.search(text):
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -119,6 +125,18 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
                 field, f"it escapes an unpaired UTF-16 surrogate ({bad!a}), not Unicode text"
             ) from None
     return value
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in a decoded JSON value (iteratively: no recursion limit)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
 
 
 def _unacceptable(field: str, detail: str) -> InvalidArgument:

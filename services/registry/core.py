@@ -116,6 +116,8 @@ class Execution:
 # quoted up to twice that.
 MAX_MATCHED_CHARS = 128
 MAX_CACHED_TOOLS = 4096
+MAX_LISTED_FIELDS = 10
+MAX_MESSAGE_CHARS = 300
 
 
 def clip(text: str, limit: int) -> str:
@@ -501,7 +503,9 @@ def describe_violation(
     error: ValidationError, props: Sequence[str]
 ) -> tuple[str, list[Alternative]]:
     """One schema violation as text for the model, naming the field and what was expected."""
-    where = "/".join(str(p) for p in error.absolute_path)
+    # Field names and messages come from the caller's input: clipped, so that a megabyte key or
+    # a hundred thousand of them make a hint of a few lines, not of megabytes.
+    where = clip("/".join(str(p) for p in error.absolute_path), MAX_MATCHED_CHARS)
     field = f"'{where}'" if where else "input"
     missing = error.message.split("'")[1] if "'" in error.message else error.message
     schema = error.schema if isinstance(error.schema, Mapping) else {}
@@ -514,12 +518,15 @@ def describe_violation(
         extras = [p for p in instance if p not in known]
         props = known
         alternatives = []
-        for extra in extras:
+        shown = [clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
+        for extra in shown:
             for match in difflib.get_close_matches(extra, props, n=2, cutoff=0.5):
                 score = difflib.SequenceMatcher(None, extra, match).ratio()
                 alternatives.append(Alternative(match, round(score, 2), {"instead_of": extra}))
         allowed = ", ".join(props) or "none"
-        return f"unknown field(s) {', '.join(map(repr, extras))} (allowed: {allowed})", alternatives
+        more = f" and {len(extras) - len(shown)} more" if len(extras) > len(shown) else ""
+        listed = ", ".join(map(repr, shown))
+        return f"unknown field(s) {listed}{more} (allowed: {allowed})", alternatives
     if error.validator == "type":
         return (
             f"field {field}: expected {error.validator_value}, got "
@@ -534,7 +541,7 @@ def describe_violation(
         ]
         alternatives.sort(key=lambda a: -a.score)
         return f"field {field}: {_short(error.instance)} is not one of {options}", alternatives[:3]
-    return f"field {field}: {error.message}", []
+    return f"field {field}: {clip(error.message, MAX_MESSAGE_CHARS)}", []
 
 
 def _json_type(value: Any) -> str:

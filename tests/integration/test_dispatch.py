@@ -78,6 +78,7 @@ def test_input_that_is_not_a_json_object_is_invalid_argument(mesh: Mesh, payload
     [
         ('{"echo": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
         ('{"echo": ' + "7" * 5000 + "}", "digits"),
+        ('{"echo": ' + "[" * 500 + "]" * 500 + "}", "nested more than 100 levels deep"),
         ('{"echo": NaN}', "NaN is not a JSON value"),
         ('{"echo": 1e400}', "out of range for a double"),
         ('{"echo": "\\udc80"}', "unpaired UTF-16 surrogate"),
@@ -135,6 +136,14 @@ def test_an_unknown_input_field_hints_the_closest_allowed_field(mesh: Mesh) -> N
     hint = mesh.call("ping", '{"ecko": 1}').result.envelope.hint
     assert hint.hint_kind == pb.HINT_KIND_SCHEMA
     assert hint.alternatives[0].label == "echo"
+
+
+def test_a_flood_of_unknown_fields_makes_a_short_hint(mesh: Mesh) -> None:
+    fields = {f"k{i}": i for i in range(100_000)} | {"e" * 1_000_000 + "cho": 1}
+    result = mesh.call("ping", json.dumps(fields), conversation="flood").result
+    assert result.envelope.hint.hint_kind == pb.HINT_KIND_SCHEMA
+    assert "'k0', 'k1'" in result.content and "and 99991 more" in result.content
+    assert len(result.content) < 3000
 
 
 def test_a_handler_that_raises_is_an_err_result_and_the_service_keeps_serving(mesh: Mesh) -> None:

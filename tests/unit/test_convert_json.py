@@ -22,6 +22,8 @@ from shared.errors import InvalidArgument
         ('{"a": -2.5E+400}', "out of range for a double"),
         ('{"a": ' + "9" * 5000 + "}", f"more than {sys.get_int_max_str_digits()} digits"),
         ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"a": ' + "[" * 500 + "]" * 500 + "}", "nested more than 100 levels deep"),
+        ('{"a": ' + '{"b": ' * 100 + "1" + "}" * 100 + "}", "nested more than 100 levels deep"),
         ('{"a": "x\\ud800y"}', "unpaired UTF-16 surrogate ('\\ud800')"),
         ('{"\\uDFFF": 1}', "unpaired UTF-16 surrogate ('\\udfff')"),
         ('{"a": {"b": ["\\ude00\\ud83d"]}}', "unpaired UTF-16 surrogate"),
@@ -43,7 +45,9 @@ def test_unacceptable_json_is_invalid_argument_saying_why(text: str, detail: str
         ('{"a": "\\u00e9\\u0000"}', {"a": "é\x00"}),
         ('{"a": 1.7976931348623157e308, "b": -0.0, "c": 1e-400}', None),
         ('{"a": ' + "9" * 4000 + "}", {"a": int("9" * 4000)}),
-        ('{"a": ' + "[" * 200 + "]" * 200 + "}", None),
+        ('{"a": ' + "[" * 99 + "]" * 99 + "}", None),
+        ('{"a": "' + "[{" * 500 + '"}', None),  # brackets inside a string are not nesting
+        ("{" + ", ".join(f'"k{i}": [[1]]' for i in range(200)) + "}", None),
         ("  ", {}),
     ],
 )
