@@ -30,6 +30,7 @@ from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_sys
 from services.registry.context import ToolContext
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
+from shared import schema_regex
 from shared.contract import (
     Alternative,
     ContractCounters,
@@ -168,6 +169,7 @@ class Registry:
         specs: Callable[[str], ToolSpec | None] = get_spec,
         trace_payloads: bool = False,
     ) -> None:
+        schema_regex.install()  # input patterns run on RE2, never on backtracking `re`
         self._trace_payloads = trace_payloads
         self._repo = repo
         self._context_defaults = context_defaults

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.registry.context import ToolContext
 from services.registry.core import Registry
 from services.registry.model import NAME_PATTERN, ToolDef
-from shared import convert
+from shared import convert, schema_regex
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
 from shared.errors import FailedPrecondition, InvalidArgument
@@ -118,6 +118,10 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
         schema = convert.parse_json_object(m.input_schema_json or "{}", "input_schema_json")
     except InvalidArgument as exc:
         violations.extend(exc.field_violations)
+    # An MCP server's schema is taken as it is (a pattern RE2 cannot run is not enforced).
+    problem = schema_regex.pattern_problem(schema) if tool_type == "custom" else None
+    if problem is not None:
+        violations.append(("input_schema_json", problem))
     if violations:
         raise InvalidArgument(
             f"invalid tool definition {m.name!r}: " + "; ".join(f"{f} {d}" for f, d in violations),

@@ -16,6 +16,7 @@ import pandas as pd
 
 from services.sandbox import precheck
 from services.sandbox.host import Limits, RunOutcome
+from shared import schema_regex
 from shared.arrow_ipc import dataframe_to_ipc, ipc_to_dataframe
 from shared.contract import (
     Err,
@@ -223,6 +224,9 @@ def validate_definition(name: str, code: str, input_schema: dict[str, Any], tena
         cls.check_schema(input_schema)
     except jsonschema.SchemaError as exc:
         violations.append(("tool.input_schema_json", f"not a valid JSON Schema: {exc.message}"))
+    unsupported = schema_regex.pattern_problem(input_schema)
+    if unsupported is not None:
+        violations.append(("tool.input_schema_json", unsupported))
     if violations:
         raise InvalidArgument(
             f"invalid custom tool {name!r}: " + "; ".join(f"{f}: {d}" for f, d in violations),

@@ -223,6 +223,26 @@ def test_bad_code_is_a_hint_or_an_err_the_model_can_act_on(smesh: Mesh) -> None:
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_tenants_input_pattern_cannot_stall_the_registry(smesh: Mesh) -> None:
+    """`^(a+)+$` against 'aaa…a!' backtracks for ages in Python's `re` (1.2 s at 24 characters,
+    doubling with each): on the registry's loop, every tenant's calls would wait. On RE2 it is
+    an ordinary schema hint."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
+    add(smesh, "redos", "result = inputs['s']", schema=schema)
+    refused = smesh.call(
+        "redos", json.dumps({"s": "a" * 60 + "!"}), conversation="redos", timeout=20
+    )
+    assert refused.result.envelope.hint.hint_kind == pb.HINT_KIND_SCHEMA
+    assert "does not match" in refused.result.envelope.hint.message
+    ok = smesh.call("redos", json.dumps({"s": "aaaa"}), conversation="redos-ok", timeout=20)
+    assert kind(ok) == "ok"
+    lookahead = {"type": "object", "properties": {"s": {"type": "string", "pattern": "(?=a)b"}}}
+    with pytest.raises(grpc.RpcError) as info:
+        register(smesh, "lookahead", "result = 1", schema=lookahead)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "RE2" in info.value.details()
+
+
 def test_the_service_keeps_serving_while_one_execution_misbehaves(smesh: Mesh) -> None:
     stub = sandbox(smesh)
     results: dict[str, object] = {}
