@@ -16,6 +16,8 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+import re2
+
 from services.dispatcher import jsonpath
 from shared.errors import InvalidArgument
 
@@ -27,6 +29,15 @@ REPEAT_FAILURE_THRESHOLD = 3  # the 3rd identical failure gets a hint
 RULE_KINDS = ("deny_tool", "require_prior_tool", "arg_constraint", "rate_limit")
 MODES = ("blocking", "advisory")
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+def _re2_message(exc: Exception) -> str:
+    text = exc.args[0] if exc.args else exc
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+
+
 MAX_PATTERN_CHARS = 500
 MAX_WINDOW_S = 31 * 24 * 3600
 MAX_MATCH_CHARS = 100_000  # a constraint looks at most this much of a value
@@ -160,8 +171,15 @@ class PolicyRule:
         return jsonpath.parse(str(self.params["path"]))
 
     @cached_property
-    def pattern(self) -> re.Pattern[str]:
-        return re.compile(str(self.params["pattern"]))
+    def pattern(self) -> Any:
+        """The rule's regex on RE2 (linear time: a pattern that backtracks catastrophically
+        on some argument cannot stall the dispatcher). A stored pattern RE2 cannot take, from
+        before rules were checked for it, runs on `re`."""
+        source = str(self.params["pattern"])
+        try:
+            return re2.compile(source, _RE2_OPTIONS)
+        except re2.error:
+            return re.compile(source)
 
     @property
     def window_s(self) -> int:
@@ -269,10 +287,15 @@ def _constraint_params(params: dict[str, Any], problems: list[tuple[str, str]]) 
         )
     else:
         try:
-            re.compile(pattern)
+            re2.compile(pattern, _RE2_OPTIONS)
             out["pattern"] = pattern
-        except re.error as exc:
-            problems.append(("rule.params_json.pattern", f"not a valid regex: {exc}"))
+        except re2.error as exc:
+            problems.append(
+                (
+                    "rule.params_json.pattern",
+                    f"not an RE2 regex (no backreferences or lookaround): {_re2_message(exc)}",
+                )
+            )
     must_match = params.get("must_match")
     if not isinstance(must_match, bool):
         problems.append(("rule.params_json.must_match", "required: true or false"))

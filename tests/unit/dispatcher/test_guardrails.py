@@ -4,6 +4,8 @@ wording of a violation."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -158,6 +160,12 @@ def test_the_repeat_failure_hint_appears_at_the_third_failure_only() -> None:
         ),
         (
             "arg_constraint",
+            {"path": "$.sql", "pattern": "(?=drop)d", "must_match": True},
+            "query",
+            "rule.params_json.pattern",
+        ),
+        (
+            "arg_constraint",
             {"path": "$.sql", "pattern": "x"},
             "query",
             "rule.params_json.must_match",
@@ -250,6 +258,22 @@ def test_an_argument_constraint_reaches_nested_values_and_non_strings() -> None:
     assert not check_rule(r, call({"opts": {"limits": [5, 100]}})).fired
     assert check_rule(r, call({"opts": {"limits": [5, 100000]}})).fired
     assert check_rule(r, call({"opts": {"limits": [5]}})).fired
+
+
+def test_an_argument_constraint_runs_on_re2_so_no_argument_can_stall_the_dispatcher() -> None:
+    """`^(a+)+$` backtracks for hours on 40 characters in Python's `re`; in a child process with
+    a deadline, so that a regression fails instead of hanging."""
+    code = (
+        "from tests.unit.dispatcher.test_guardrails import rule, call; "
+        "from services.dispatcher.guardrails import check_rule; "
+        "r = rule('arg_constraint', {'path': '$.sql', 'pattern': '^(a+)+$', 'must_match': True}); "
+        "print(check_rule(r, call({'sql': 'a' * 40 + '!'})).fired, "
+        "check_rule(r, call({'sql': 'aaaa'})).fired)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "False"]
 
 
 def test_a_rate_limit_fires_above_max_calls_in_the_window() -> None:
