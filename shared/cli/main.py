@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -242,6 +243,10 @@ def cmd_keys_hash(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The command reports what went wrong itself ("error: ..."); library warnings on the way
+    # (the database layer's, say) would otherwise print as bare lines above it, twice said.
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.ERROR, format="%(levelname)s: %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
     except ValueError as exc:

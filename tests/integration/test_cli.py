@@ -134,7 +134,8 @@ def test_db_upgrade_on_a_database_it_cannot_open_exits_2_naming_the_problem(
 ) -> None:
     done = toolmesh("db", "upgrade", env=clean_env(TOOLMESH_DATABASE_URL=url))
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1].startswith(f"error: {said}"), done.stderr
+    assert done.stderr.splitlines() == [done.stderr.splitlines()[-1]], done.stderr  # one line
+    assert done.stderr.startswith(f"error: {said}"), done.stderr
     assert "Traceback" not in done.stderr and "secret" not in done.stderr
 
 
