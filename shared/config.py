@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 DEFAULT_PORTS: dict[str, int] = {
     "registry": 50051,
@@ -59,6 +60,29 @@ def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...], default:
         return default
     if raw not in choices:
         raise ValueError(f"{key}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
+def _endpoint(env: Mapping[str, str], key: str) -> str:
+    """An OTLP endpoint: host:port or an http(s) URL (empty: none). Checked here, so that a typo
+    stops the service with one line at start instead of failing every export later."""
+    raw = env.get(key, "").strip()
+    if not raw:
+        return ""
+    url = raw if "://" in raw else f"http://{raw}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is not 0..65535
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in raw)
+        or (port is not None and port == 0)
+    ):
+        raise ValueError(f"{key}={raw!r} is not host:port or an http(s) URL")
     return raw
 
 
@@ -214,7 +238,7 @@ class Settings:
             max_input_bytes=_int(env, "TOOLMESH_MAX_INPUT_BYTES", 4 * 1024 * 1024),
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),
-            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+            otlp_endpoint=_endpoint(env, "OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_protocol=(
                 env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")

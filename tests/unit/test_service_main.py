@@ -68,3 +68,17 @@ def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
 def test_every_service_freezes_its_heap_just_before_it_announces_readiness(service: str) -> None:
     source = (Path(__file__).parents[2] / "services" / service / "__main__.py").read_text()
     assert re.search(r"freeze_startup_heap\(\)\n\s*announce_ready\(", source)
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["127.0.0.1:4317", "http://collector:4317", "https://otel.example.com", "[::1]:1"]
+)
+def test_an_otlp_endpoint_is_host_port_or_an_http_url(endpoint: str) -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f" {endpoint} "}
+    assert Settings.from_env(env).otlp_endpoint == endpoint
+
+
+@pytest.mark.parametrize("endpoint", ["bad endpoint", "host:99999", "ftp://x:1", "http://", ":1"])
+def test_a_malformed_otlp_endpoint_stops_the_service_at_start(endpoint: str) -> None:
+    with pytest.raises(ValueError, match="is not host:port or an http\\(s\\) URL"):
+        Settings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
