@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from sqlalchemy import Engine, Executable, Insert, Table, insert, select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -32,10 +32,17 @@ from shared.db.prepared import PreparedCache
 from shared.errors import ToolmeshError, Unavailable
 
 logger = logging.getLogger(__name__)
+E = TypeVar("E")
 
 BLOB_THRESHOLD = 32 * 1024
 SUMMARY_CHARS = 500
 MAX_BATCH = 256
+# Listing: an entry's input is shown up to this many characters (the tool_call event keeps it
+# whole); rows are read from the database this many at a time; an entry's size beyond its
+# payloads, for a page's byte budget.
+LISTED_INPUT_CHARS = 64 * 1024
+_READ_BATCH = 16
+_ENTRY_OVERHEAD = 256
 # Commits on the event loop leave checkpointing to the writer thread, every this many commits.
 CHECKPOINT_EVERY = 200
 
@@ -112,6 +119,14 @@ class EventEntry:
     tool_use_id: str
 
 
+@dataclass(frozen=True)
+class Page(Generic[E]):
+    """One page of a listing; `next_id` is the cursor of the next page, 0 when none follows."""
+
+    entries: list[E]
+    next_id: int
+
+
 class CallLog(Protocol):
     async def ensure_available(self) -> None:
         """Raise Unavailable when the log cannot be written (checked before a tool runs, so a
@@ -119,12 +134,26 @@ class CallLog(Protocol):
         ...
 
     async def write(self, record: CallRecord) -> None: ...
-    def list_log(
-        self, *, tool_name: str, tenant_id: str, conversation_id: str, limit: int
-    ) -> list[LogEntry]: ...
-    def list_events(
-        self, *, tenant_id: str, conversation_id: str, event_type: str, limit: int
-    ) -> list[EventEntry]: ...
+    def page_log(
+        self,
+        *,
+        tool_name: str,
+        tenant_id: str,
+        conversation_id: str,
+        limit: int,
+        before_id: int = 0,
+        max_bytes: int | None = None,
+    ) -> Page[LogEntry]: ...
+    def page_events(
+        self,
+        *,
+        tenant_id: str,
+        conversation_id: str,
+        event_type: str,
+        limit: int,
+        after_id: int = 0,
+        max_bytes: int | None = None,
+    ) -> Page[EventEntry]: ...
 
 
 def summarize(content: str) -> str:
@@ -312,6 +341,30 @@ class SqlCallLog:
     def list_log(
         self, *, tool_name: str, tenant_id: str, conversation_id: str, limit: int
     ) -> list[LogEntry]:
+        return self.page_log(
+            tool_name=tool_name, tenant_id=tenant_id, conversation_id=conversation_id, limit=limit
+        ).entries
+
+    def list_events(
+        self, *, tenant_id: str, conversation_id: str, event_type: str, limit: int
+    ) -> list[EventEntry]:
+        return self.page_events(
+            tenant_id=tenant_id, conversation_id=conversation_id, event_type=event_type, limit=limit
+        ).entries
+
+    def page_log(
+        self,
+        *,
+        tool_name: str,
+        tenant_id: str,
+        conversation_id: str,
+        limit: int,
+        before_id: int = 0,
+        max_bytes: int | None = None,
+    ) -> Page[LogEntry]:
+        """Rows newest first, older than `before_id` when given: at most `limit`, and with
+        `max_bytes` only as many as fit in it (their inputs counted up to
+        LISTED_INPUT_CHARS), at least one. Rows are read a few at a time, never all at once."""
         stmt = select(ToolExecutionLogRow)
         if tool_name:
             stmt = stmt.where(ToolExecutionLogRow.tool_name == tool_name)
@@ -319,31 +372,56 @@ class SqlCallLog:
             stmt = stmt.where(ToolExecutionLogRow.tenant_id == tenant_id)
         if conversation_id:
             stmt = stmt.where(ToolExecutionLogRow.conversation_id == conversation_id)
-        stmt = stmt.order_by(ToolExecutionLogRow.id.desc()).limit(limit)
+        if before_id > 0:
+            stmt = stmt.where(ToolExecutionLogRow.id < before_id)
+        stmt = stmt.order_by(ToolExecutionLogRow.id.desc()).limit(limit + 1)
+        out: list[LogEntry] = []
+        total = 0
+        more = False
         with translate_db_errors(), self._sessions() as s:
-            return [
-                LogEntry(
-                    id=r.id,
-                    tool_name=r.tool_name,
-                    tenant_id=r.tenant_id,
-                    input_data=r.input_data,
-                    output_summary=r.output_summary,
-                    success=r.success,
-                    error=r.error,
-                    execution_ms=r.execution_ms,
-                    created_at=r.created_at,
-                    conversation_id=r.conversation_id,
-                    user_id=r.user_id,
-                    tool_use_id=r.tool_use_id,
-                    args_hash=r.args_hash,
-                    trace_id=r.trace_id,
+            for r in s.scalars(stmt.execution_options(yield_per=_READ_BATCH)):
+                if len(out) == limit:
+                    more = True
+                    break
+                size = _ENTRY_OVERHEAD + len(r.output_summary) + len(r.error or "")
+                size += min(len(dumps(r.input_data)), LISTED_INPUT_CHARS)
+                if max_bytes is not None and out and total + size > max_bytes:
+                    more = True
+                    break
+                total += size
+                out.append(
+                    LogEntry(
+                        id=r.id,
+                        tool_name=r.tool_name,
+                        tenant_id=r.tenant_id,
+                        input_data=r.input_data,
+                        output_summary=r.output_summary,
+                        success=r.success,
+                        error=r.error,
+                        execution_ms=r.execution_ms,
+                        created_at=r.created_at,
+                        conversation_id=r.conversation_id,
+                        user_id=r.user_id,
+                        tool_use_id=r.tool_use_id,
+                        args_hash=r.args_hash,
+                        trace_id=r.trace_id,
+                    )
                 )
-                for r in s.scalars(stmt)
-            ]
+        return Page(out, out[-1].id if more else 0)
 
-    def list_events(
-        self, *, tenant_id: str, conversation_id: str, event_type: str, limit: int
-    ) -> list[EventEntry]:
+    def page_events(
+        self,
+        *,
+        tenant_id: str,
+        conversation_id: str,
+        event_type: str,
+        limit: int,
+        after_id: int = 0,
+        max_bytes: int | None = None,
+    ) -> Page[EventEntry]:
+        """Events oldest first, after `after_id` when given: at most `limit`, and with
+        `max_bytes` only as many as fit in it, at least one (payloads are never cut). Rows
+        are read a few at a time, never all at once."""
         stmt = select(ConversationEventRow, ConversationEventBlobRow.data).outerjoin(
             ConversationEventBlobRow, ConversationEventRow.blob_id == ConversationEventBlobRow.id
         )
@@ -352,15 +430,27 @@ class SqlCallLog:
             stmt = stmt.where(ConversationEventRow.tenant_id == tenant_id)
         if event_type:
             stmt = stmt.where(ConversationEventRow.event_type == event_type)
-        stmt = stmt.order_by(ConversationEventRow.id).limit(limit)
+        if after_id > 0:
+            stmt = stmt.where(ConversationEventRow.id > after_id)
+        stmt = stmt.order_by(ConversationEventRow.id).limit(limit + 1)
+        out: list[EventEntry] = []
+        total = 0
+        more = False
         with translate_db_errors(), self._sessions() as s:
-            out = []
-            for row, blob in s.execute(stmt):
+            for row, blob in s.execute(stmt.execution_options(yield_per=_READ_BATCH)):
+                if len(out) == limit:
+                    more = True
+                    break
                 data = row.data if row.data is not None else (blob or b"").decode("utf-8")
+                size = _ENTRY_OVERHEAD + len(data)
+                if max_bytes is not None and out and total + size > max_bytes:
+                    more = True
+                    break
+                total += size
                 out.append(
                     EventEntry(row.id, row.event_type, data, row.created_at, row.tool_use_id)
                 )
-            return out
+        return Page(out, out[-1].id if more else 0)
 
 
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from services.dispatcher.core import Dispatcher, DispatchOutcome
 from services.dispatcher.effects import ExportEntry, ExportFiles
 from services.dispatcher.guardrails import PolicyRule
-from services.dispatcher.logstore import CallLog
+from services.dispatcher.logstore import LISTED_INPUT_CHARS, CallLog
 from shared import convert
 from shared.auth import ApiKeys, Principal
 from shared.clients import traced_call
@@ -29,6 +29,9 @@ from toolmesh.type.v1 import types_pb2 as pb
 MAX_LOG_ROWS = 1000
 MAX_EVENTS = 5000
 MAX_EXPORTS = 1000
+# A listing page stops at about this many bytes (at least one entry), under the 4 MB message
+# limit every gRPC client has by default.
+PAGE_BYTES = 3_500_000
 GET_TOOL_TIMEOUT_S = 5.0
 
 RULE_KINDS = {
@@ -395,20 +398,25 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self, request: dpb.ListExecutionLogRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListExecutionLogResponse:
         limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
-        entries = await asyncio.to_thread(
-            self._log.list_log,
+        page = await asyncio.to_thread(
+            self._log.page_log,
             tool_name=request.tool_name,
             tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
             limit=limit,
+            before_id=max(request.before_id, 0),
+            max_bytes=PAGE_BYTES,
         )
+        inputs = [convert.dumps(e.input_data) for e in page.entries]
         return dpb.ListExecutionLogResponse(
+            next_before_id=page.next_id,
             entries=[
                 dpb.ExecutionLogEntry(
                     id=e.id,
                     tool_name=e.tool_name,
                     tenant_id=e.tenant_id,
-                    input_json=convert.dumps(e.input_data),
+                    input_json=text[:LISTED_INPUT_CHARS],
+                    input_truncated=len(text) > LISTED_INPUT_CHARS,
                     output_summary=e.output_summary,
                     success=e.success,
                     error=e.error or "",
@@ -420,8 +428,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     trace_id=e.trace_id,
                     created_at=convert.to_timestamp(e.created_at),
                 )
-                for e in entries
-            ]
+                for e, text in zip(page.entries, inputs, strict=True)
+            ],
         )
 
     async def ListConversationEvents(
@@ -432,14 +440,17 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 "conversation_id is required", field_violations=[("conversation_id", "empty")]
             )
         limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
-        events = await asyncio.to_thread(
-            self._log.list_events,
+        page = await asyncio.to_thread(
+            self._log.page_events,
             tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
             event_type=request.event_type,
             limit=limit,
+            after_id=max(request.after_id, 0),
+            max_bytes=PAGE_BYTES,
         )
         return dpb.ListConversationEventsResponse(
+            next_after_id=page.next_id,
             events=[
                 dpb.ConversationEvent(
                     id=e.id,
@@ -448,6 +459,6 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     tool_use_id=e.tool_use_id,
                     created_at=convert.to_timestamp(e.created_at),
                 )
-                for e in events
-            ]
+                for e in page.entries
+            ],
         )

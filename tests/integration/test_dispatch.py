@@ -336,3 +336,44 @@ def test_nul_characters_in_input_are_logged_on_every_backend(mesh: Mesh) -> None
     ).events
     call = next(e for e in events if e.event_type == "tool_call")
     assert json.loads(call.data_json)["input"]["echo"] == "a\x00b"
+
+
+def test_listings_page_big_payloads_within_a_default_clients_4_mb(mesh: Mesh) -> None:
+    conversation = "big-pages"
+    big = "x" * 1_200_000
+    for i in range(3):
+        mesh.call("ping", json.dumps({"echo": f"{i}{big}"}), conversation=conversation)
+    # Events: every payload whole, pages under 4 MB (the fixture's client has the default
+    # limit), the cursor walking them all.
+    seen: list[dpb.ConversationEvent] = []
+    after, pages = 0, 0
+    while True:
+        page = mesh.dispatcher.ListConversationEvents(
+            dpb.ListConversationEventsRequest(
+                tenant_id="tenant-a", conversation_id=conversation, after_id=after, limit=5000
+            )
+        )
+        assert page.ByteSize() < 4 * 1024 * 1024
+        seen.extend(page.events)
+        pages += 1
+        if not page.next_after_id:
+            break
+        after = page.next_after_id
+    assert pages > 1
+    calls = [json.loads(e.data_json) for e in seen if e.event_type == "tool_call"]
+    assert [c["input"]["echo"][:1] for c in calls] == ["0", "1", "2"]
+    assert all(len(c["input"]["echo"]) == len(big) + 1 for c in calls)
+    assert len({e.id for e in seen}) == len(seen)
+    # The log: inputs cut at 64 KB (marked), newest first, paged by before_id.
+    first = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id=conversation, limit=2)
+    )
+    assert [e.input_json[:10] for e in first.entries] == ['{"echo":"2', '{"echo":"1']
+    assert all(e.input_truncated and len(e.input_json) == 64 * 1024 for e in first.entries)
+    rest = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(
+            conversation_id=conversation, limit=2, before_id=first.next_before_id
+        )
+    )
+    assert [e.input_json[:10] for e in rest.entries] == ['{"echo":"0']
+    assert rest.next_before_id == 0

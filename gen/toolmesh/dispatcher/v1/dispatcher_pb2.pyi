@@ -205,19 +205,21 @@ class CancelResponse(_message.Message):
     def __init__(self, cancelled_calls: _Optional[int] = ..., message: _Optional[str] = ..., cancelled_tool_use_ids: _Optional[_Iterable[str]] = ..., known_conversation: _Optional[bool] = ..., cancel_epoch: _Optional[int] = ...) -> None: ...
 
 class ListExecutionLogRequest(_message.Message):
-    __slots__ = ("tool_name", "tenant_id", "conversation_id", "limit")
+    __slots__ = ("tool_name", "tenant_id", "conversation_id", "limit", "before_id")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     tenant_id: str
     conversation_id: str
     limit: int
-    def __init__(self, tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    before_id: int
+    def __init__(self, tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., limit: _Optional[int] = ..., before_id: _Optional[int] = ...) -> None: ...
 
 class ExecutionLogEntry(_message.Message):
-    __slots__ = ("id", "tool_name", "tenant_id", "input_json", "output_summary", "success", "error", "execution_ms", "created_at", "conversation_id", "user_id", "tool_use_id", "args_hash", "trace_id")
+    __slots__ = ("id", "tool_name", "tenant_id", "input_json", "output_summary", "success", "error", "execution_ms", "created_at", "conversation_id", "user_id", "tool_use_id", "args_hash", "trace_id", "input_truncated")
     ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +234,7 @@ class ExecutionLogEntry(_message.Message):
     TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
     ARGS_HASH_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     id: int
     tool_name: str
     tenant_id: str
@@ -246,25 +249,30 @@ class ExecutionLogEntry(_message.Message):
     tool_use_id: str
     args_hash: str
     trace_id: str
-    def __init__(self, id: _Optional[int] = ..., tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., input_json: _Optional[str] = ..., output_summary: _Optional[str] = ..., success: _Optional[bool] = ..., error: _Optional[str] = ..., execution_ms: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conversation_id: _Optional[str] = ..., user_id: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., args_hash: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
+    input_truncated: bool
+    def __init__(self, id: _Optional[int] = ..., tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., input_json: _Optional[str] = ..., output_summary: _Optional[str] = ..., success: _Optional[bool] = ..., error: _Optional[str] = ..., execution_ms: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conversation_id: _Optional[str] = ..., user_id: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., args_hash: _Optional[str] = ..., trace_id: _Optional[str] = ..., input_truncated: _Optional[bool] = ...) -> None: ...
 
 class ListExecutionLogResponse(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "next_before_id")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[ExecutionLogEntry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[ExecutionLogEntry, _Mapping]]] = ...) -> None: ...
+    next_before_id: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[ExecutionLogEntry, _Mapping]]] = ..., next_before_id: _Optional[int] = ...) -> None: ...
 
 class ListConversationEventsRequest(_message.Message):
-    __slots__ = ("conversation_id", "tenant_id", "event_type", "limit")
+    __slots__ = ("conversation_id", "tenant_id", "event_type", "limit", "after_id")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ID_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     tenant_id: str
     event_type: str
     limit: int
-    def __init__(self, conversation_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., event_type: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    after_id: int
+    def __init__(self, conversation_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., event_type: _Optional[str] = ..., limit: _Optional[int] = ..., after_id: _Optional[int] = ...) -> None: ...
 
 class ConversationEvent(_message.Message):
     __slots__ = ("id", "event_type", "data_json", "created_at", "tool_use_id")
@@ -281,10 +289,12 @@ class ConversationEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., event_type: _Optional[str] = ..., data_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_use_id: _Optional[str] = ...) -> None: ...
 
 class ListConversationEventsResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "next_after_id")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_ID_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[ConversationEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[ConversationEvent, _Mapping]]] = ...) -> None: ...
+    next_after_id: int
+    def __init__(self, events: _Optional[_Iterable[_Union[ConversationEvent, _Mapping]]] = ..., next_after_id: _Optional[int] = ...) -> None: ...
 
 class PolicyRule(_message.Message):
     __slots__ = ("id", "tenant_id", "name", "kind", "tool_name", "mode", "params_json", "message", "enabled", "created_by", "created_at")
