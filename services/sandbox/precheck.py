@@ -53,6 +53,13 @@ def check(code: str) -> Problem | None:
         return Problem(f"syntax error at line {line}, column {col}: {exc.msg}", line, col, True)
     except ValueError as exc:  # e.g. null bytes in the source
         return Problem(f"the code cannot be parsed: {exc}", 1, 0, syntax=True)
+    except (RecursionError, MemoryError):  # e.g. `x = 1+1+…` with a hundred thousand terms
+        return Problem(
+            "the code is nested too deeply to parse (split long expressions into statements)",
+            1,
+            0,
+            syntax=True,
+        )
     for node in ast.walk(tree):
         problem = _node_problem(node)
         if problem is not None:

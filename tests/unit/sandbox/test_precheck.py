@@ -52,6 +52,12 @@ def test_a_syntax_error_is_a_syntax_problem_with_line_and_column() -> None:
     assert "line 2" in problem.message and "column" in problem.message
 
 
+def test_code_nested_past_the_parsers_recursion_is_a_syntax_problem() -> None:
+    problem = precheck.check("x = " + "1+" * 100_000 + "1")  # RecursionError in ast.parse
+    assert problem is not None and problem.syntax
+    assert "nested too deeply" in problem.message
+
+
 def test_empty_code_is_refused() -> None:
     problem = precheck.check("   \n")
     assert problem is not None and problem.syntax
