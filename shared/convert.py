@@ -9,7 +9,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +57,46 @@ HINT_KIND_VALUES = {v: k for k, v in HINT_KINDS.items()}
 
 
 # --- JSON -------------------------------------------------------------------------------------
+
+
+# The width of the identifier columns (tenant, user, conversation, tool_use, namespace) in every
+# table: PostgreSQL refuses a longer value, and NUL in any text.
+MAX_ID_CHARS = 128
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters as U+FFFD (what a column and a message can hold)."""
+    return _CONTROL_CHARS.sub("\ufffd", text)
+
+
+def check_ids(fields: Sequence[tuple[str, str]]) -> None:
+    """INVALID_ARGUMENT naming the first (field, value) that cannot be stored as an id: over
+    MAX_ID_CHARS characters (ID_TOO_LONG) or holding control characters (ID_INVALID)."""
+    for name, value in fields:
+        if len(value) > MAX_ID_CHARS:
+            raise InvalidArgument(
+                f"{name} is {len(value)} characters, over the {MAX_ID_CHARS}-character limit",
+                reason="ID_TOO_LONG",
+                field_violations=[(name, "too long")],
+            )
+        if _CONTROL_CHARS.search(value):
+            raise InvalidArgument(
+                f"{name} {printable(value)!r} holds control characters",
+                reason="ID_INVALID",
+                field_violations=[(name, "control characters")],
+            )
+
+
+def context_ids(context: pb.CallContext, prefix: str = "context.") -> list[tuple[str, str]]:
+    """The identifiers of a CallContext as (field, value) pairs for check_ids."""
+    return [
+        (f"{prefix}tenant_id", context.tenant_id),
+        (f"{prefix}user_id", context.user_id),
+        (f"{prefix}conversation_id", context.conversation_id),
+        (f"{prefix}namespace_id", context.namespace_id),
+        (f"{prefix}tool_use_id", context.tool_use_id),
+    ]
 
 
 def _reject_constant(name: str) -> Any:

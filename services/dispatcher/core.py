@@ -74,15 +74,9 @@ TOOL_TIMEOUT_CACHE_TTL_S = 30.0
 REJECTED_INPUT_CHARS = 64 * 1024
 # Registered tool names match [a-zA-Z0-9_-]{1,64} (services/registry/model.py).
 MAX_TOOL_NAME_CHARS = 64
-# The width of the log's identifier columns (shared/db/models.py).
-MAX_ID_CHARS = 128
+MAX_ID_CHARS = convert.MAX_ID_CHARS
 MAX_CAPABILITIES = 256
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
-def _printable(text: str) -> str:
-    """`text` with its control characters as U+FFFD (what a log column and a message can hold)."""
-    return _CONTROL.sub("\ufffd", text)
 
 
 class RegistryGateway(Protocol):
@@ -300,8 +294,8 @@ class Dispatcher:
             )
         if _CONTROL.search(tool_use.name):
             raise InvalidArgument(
-                f"tool_use.name {_printable(tool_use.name)!r} holds control characters; a tool "
-                f"name matches [a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}",
+                f"tool_use.name {convert.printable(tool_use.name)!r} holds control characters; "
+                f"a tool name matches [a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}",
                 reason="NAME_INVALID",
                 field_violations=[("tool_use.name", "control characters")],
             )
@@ -327,28 +321,12 @@ class Dispatcher:
         PostgreSQL refuses a longer value, so the call could not be logged) and capabilities
         within bounds: INVALID_ARGUMENT naming the field otherwise. Checked before anything
         else, so nothing is logged for such a request."""
-        fields = [
-            ("context.tenant_id", context.tenant_id),
-            ("context.user_id", context.user_id),
-            ("context.conversation_id", context.conversation_id),
-        ]
+        fields = convert.context_ids(context)
         fields += [
             ("tool_use.id" if len(tool_uses) == 1 else f"tool_uses[{i}].id", tu.id)
             for i, tu in enumerate(tool_uses)
         ]
-        for name, value in fields:
-            if len(value) > MAX_ID_CHARS:
-                raise InvalidArgument(
-                    f"{name} is {len(value)} characters, over the {MAX_ID_CHARS}-character limit",
-                    reason="ID_TOO_LONG",
-                    field_violations=[(name, "too long")],
-                )
-            if _CONTROL.search(value):  # PostgreSQL text cannot hold NUL; none belong in an id
-                raise InvalidArgument(
-                    f"{name} {_printable(value)!r} holds control characters",
-                    reason="ID_INVALID",
-                    field_violations=[(name, "control characters")],
-                )
+        convert.check_ids(fields)
         caps = context.capabilities
         if len(caps) > MAX_CAPABILITIES or any(len(c) > MAX_ID_CHARS for c in caps):
             raise InvalidArgument(
@@ -442,7 +420,7 @@ class Dispatcher:
         }
         err_text = f"{error.code}: {error.message}"
         fx = CallEffects()
-        name = _printable(tool_use.name)
+        name = convert.printable(tool_use.name)
         if len(name) > MAX_TOOL_NAME_CHARS:  # fits the log's column, says how long it was
             name = f"{name[:MAX_TOOL_NAME_CHARS]}… ({len(name)} characters)"
         common = {"tool_name": name, "tool_use_id": tool_use_id}

@@ -221,6 +221,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 field_violations=[("input_json", "too large")],
             )
         inputs = convert.parse_json_object(request.input_json, "input_json")
+        convert.check_ids(convert.context_ids(request.context))
         ctx = context_from_pb(request.context, request.name)
         execution = await self._core.execute(request.name, inputs, ctx)
         return rpb.ExecuteToolResponse(
@@ -244,6 +245,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 field_violations=[("input_json", "too large")],
             )
         inputs = convert.parse_json_object(request.input_json, "input_json")
+        convert.check_ids(convert.context_ids(request.context))
         ctx = context_from_pb(request.context, request.name)
         loop = asyncio.get_running_loop()
         reports: asyncio.Queue[rpb.ExecuteToolStreamResponse] = asyncio.Queue()

@@ -51,6 +51,13 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
     async def AssembleTools(
         self, request: spb.AssembleToolsRequest, context: grpc.aio.ServicerContext
     ) -> spb.AssembleToolsResponse:
+        convert.check_ids(
+            [
+                ("tenant_id", request.tenant_id),
+                ("conversation_id", request.conversation_id),
+                ("namespace_id", request.namespace_id),
+            ]
+        )
         surface = await self._core.assemble(
             Caller(
                 request.tenant_id,
@@ -80,6 +87,7 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
         self, request: spb.SearchToolsRequest, context: grpc.aio.ServicerContext
     ) -> spb.SearchToolsResponse:
         ctx: pb.CallContext = request.context
+        convert.check_ids(convert.context_ids(ctx))
         outcome = await self._core.search(
             request.query,
             request.limit,

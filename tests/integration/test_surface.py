@@ -430,6 +430,19 @@ def test_search_tools_with_bad_input_is_a_schema_hint(smesh: SurfaceMesh) -> Non
     assert response.result.envelope.WhichOneof("kind") == "hint"
 
 
+@pytest.mark.parametrize(
+    ("conversation", "reason"), [("c" * 129, "ID_TOO_LONG"), ("conv\x00nul", "ID_INVALID")]
+)
+def test_a_conversation_id_the_working_set_cannot_store_is_invalid_argument(
+    smesh: SurfaceMesh, conversation: str, reason: str
+) -> None:
+    """PostgreSQL refuses ids over the 128-character columns and NUL: before, UNAVAILABLE."""
+    with pytest.raises(grpc.RpcError) as caught:
+        search(smesh, "create a jira ticket", conversation)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert from_rpc_error(caught.value).reason == reason
+
+
 def test_search_tools_is_one_trace_from_dispatcher_to_surface(smesh: SurfaceMesh) -> None:
     response = smesh.call(
         "search_tools", json.dumps({"query": "create a jira ticket"}), conversation="conv-trace"
