@@ -95,6 +95,7 @@ def _call_arguments(request: mpb.CallToolRequest | mpb.CallToolUnaryRequest) -> 
     """The checked arguments of a CallTool or CallToolUnary request (InvalidArgument if not)."""
     _require_name(request.connection, "connection")
     _require_name(request.tool, "tool")
+    convert.check_ids(convert.context_ids(request.context))
     return convert.parse_json_object(request.arguments_json, "arguments_json")
 
 

@@ -173,6 +173,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 field_violations=[("input_json", "too large")],
             )
         inputs = convert.parse_json_object(request.input_json or "{}", "input_json")
+        convert.check_ids(convert.context_ids(request.context))
         df = None
         if request.HasField("df") and request.df.arrow_ipc:
             try:

@@ -8,8 +8,9 @@ import sys
 import pytest
 
 from shared.contract import Ok, ToolResult, envelope_to_tool_result
-from shared.convert import parse_json_object, tool_result_to_pb
+from shared.convert import check_ids, context_ids, parse_json_object, tool_result_to_pb
 from shared.errors import InvalidArgument
+from toolmesh.type.v1 import types_pb2 as pb
 
 
 @pytest.mark.parametrize(
@@ -90,3 +91,27 @@ def test_a_result_with_valid_astral_text_is_untouched() -> None:
     message = tool_result_to_pb(ToolResult(content="\U0001f600 ok"))
     assert message.content.endswith("\U0001f600 ok")
     assert message.envelope.WhichOneof("kind") == "ok"
+
+
+@pytest.mark.parametrize(
+    ("context", "reason", "field"),
+    [
+        (pb.CallContext(tenant_id="t" * 129), "ID_TOO_LONG", "context.tenant_id"),
+        (pb.CallContext(conversation_id="a\x00b"), "ID_INVALID", "context.conversation_id"),
+        (pb.CallContext(user_id="u\n"), "ID_INVALID", "context.user_id"),
+        (pb.CallContext(namespace_id="n" * 200), "ID_TOO_LONG", "context.namespace_id"),
+        (pb.CallContext(tool_use_id="x\x7f"), "ID_INVALID", "context.tool_use_id"),
+    ],
+)
+def test_ids_a_table_cannot_store_are_invalid_argument(
+    context: pb.CallContext, reason: str, field: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check_ids(context_ids(context))
+    assert caught.value.reason == reason
+    assert caught.value.field_violations[0][0] == field
+    assert "\x00" not in caught.value.message  # control characters shown as U+FFFD
+
+
+def test_ordinary_ids_pass() -> None:
+    check_ids(context_ids(pb.CallContext(tenant_id="t" * 128, conversation_id="conv-é-😀")))

@@ -151,3 +151,18 @@ async def test_progress_is_recorded_on_the_mcp_span_whether_or_not_the_caller_li
             ("mcp.progress", {"progress": float(step), "total": 3.0, "message": f"step {step}"})
             for step in (1, 2, 3)
         ]
+
+
+async def test_a_call_context_with_ids_no_table_can_store_is_invalid_argument(
+    make_bridge: BridgeFactory,
+) -> None:
+    servicer = McpBridgeServicer(make_bridge())
+    with pytest.raises(InvalidArgument) as caught:
+        await call(
+            servicer,
+            connection="raw",
+            tool="echo",
+            arguments_json="{}",
+            context=pb.CallContext(tenant_id="t", conversation_id="c" * 500),
+        )
+    assert caught.value.reason == "ID_TOO_LONG"
