@@ -10,7 +10,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -32,7 +32,15 @@ from shared.db.prepared import PreparedCache
 from shared.errors import ToolmeshError, Unavailable
 
 logger = logging.getLogger(__name__)
-E = TypeVar("E")
+R = TypeVar("R")
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+E = TypeVar("E", bound=_Identified)
 
 BLOB_THRESHOLD = 32 * 1024
 SUMMARY_CHARS = 500
@@ -97,7 +105,7 @@ class LogEntry:
     id: int
     tool_name: str
     tenant_id: str
-    input_data: Any
+    input_json: str  # the input as JSON text, whole (a listing cuts it)
     output_summary: str
     success: bool
     error: str | None
@@ -338,20 +346,6 @@ class SqlCallLog:
         except SQLAlchemyError as exc:  # the next checkpoint tries again
             logger.warning("WAL checkpoint failed: %s", exc)
 
-    def list_log(
-        self, *, tool_name: str, tenant_id: str, conversation_id: str, limit: int
-    ) -> list[LogEntry]:
-        return self.page_log(
-            tool_name=tool_name, tenant_id=tenant_id, conversation_id=conversation_id, limit=limit
-        ).entries
-
-    def list_events(
-        self, *, tenant_id: str, conversation_id: str, event_type: str, limit: int
-    ) -> list[EventEntry]:
-        return self.page_events(
-            tenant_id=tenant_id, conversation_id=conversation_id, event_type=event_type, limit=limit
-        ).entries
-
     def page_log(
         self,
         *,
@@ -375,39 +369,34 @@ class SqlCallLog:
         if before_id > 0:
             stmt = stmt.where(ToolExecutionLogRow.id < before_id)
         stmt = stmt.order_by(ToolExecutionLogRow.id.desc()).limit(limit + 1)
-        out: list[LogEntry] = []
-        total = 0
-        more = False
+
+        def entry(r: ToolExecutionLogRow) -> tuple[LogEntry, int]:
+            text = dumps(r.input_data)
+            size = _ENTRY_OVERHEAD + len(r.output_summary) + len(r.error or "")
+            size += min(len(text), LISTED_INPUT_CHARS)
+            return (
+                LogEntry(
+                    id=r.id,
+                    tool_name=r.tool_name,
+                    tenant_id=r.tenant_id,
+                    input_json=text,
+                    output_summary=r.output_summary,
+                    success=r.success,
+                    error=r.error,
+                    execution_ms=r.execution_ms,
+                    created_at=r.created_at,
+                    conversation_id=r.conversation_id,
+                    user_id=r.user_id,
+                    tool_use_id=r.tool_use_id,
+                    args_hash=r.args_hash,
+                    trace_id=r.trace_id,
+                ),
+                size,
+            )
+
         with translate_db_errors(), self._sessions() as s:
-            for r in s.scalars(stmt.execution_options(yield_per=_READ_BATCH)):
-                if len(out) == limit:
-                    more = True
-                    break
-                size = _ENTRY_OVERHEAD + len(r.output_summary) + len(r.error or "")
-                size += min(len(dumps(r.input_data)), LISTED_INPUT_CHARS)
-                if max_bytes is not None and out and total + size > max_bytes:
-                    more = True
-                    break
-                total += size
-                out.append(
-                    LogEntry(
-                        id=r.id,
-                        tool_name=r.tool_name,
-                        tenant_id=r.tenant_id,
-                        input_data=r.input_data,
-                        output_summary=r.output_summary,
-                        success=r.success,
-                        error=r.error,
-                        execution_ms=r.execution_ms,
-                        created_at=r.created_at,
-                        conversation_id=r.conversation_id,
-                        user_id=r.user_id,
-                        tool_use_id=r.tool_use_id,
-                        args_hash=r.args_hash,
-                        trace_id=r.trace_id,
-                    )
-                )
-        return Page(out, out[-1].id if more else 0)
+            rows = s.scalars(stmt.execution_options(yield_per=_READ_BATCH))
+            return _page(rows, entry, limit, max_bytes)
 
     def page_events(
         self,
@@ -433,24 +422,39 @@ class SqlCallLog:
         if after_id > 0:
             stmt = stmt.where(ConversationEventRow.id > after_id)
         stmt = stmt.order_by(ConversationEventRow.id).limit(limit + 1)
-        out: list[EventEntry] = []
-        total = 0
-        more = False
+
+        def entry(found: Any) -> tuple[EventEntry, int]:
+            row, blob = found
+            data = row.data if row.data is not None else (blob or b"").decode("utf-8")
+            event = EventEntry(row.id, row.event_type, data, row.created_at, row.tool_use_id)
+            return event, _ENTRY_OVERHEAD + len(data)
+
         with translate_db_errors(), self._sessions() as s:
-            for row, blob in s.execute(stmt.execution_options(yield_per=_READ_BATCH)):
-                if len(out) == limit:
-                    more = True
-                    break
-                data = row.data if row.data is not None else (blob or b"").decode("utf-8")
-                size = _ENTRY_OVERHEAD + len(data)
-                if max_bytes is not None and out and total + size > max_bytes:
-                    more = True
-                    break
-                total += size
-                out.append(
-                    EventEntry(row.id, row.event_type, data, row.created_at, row.tool_use_id)
-                )
-        return Page(out, out[-1].id if more else 0)
+            rows = s.execute(stmt.execution_options(yield_per=_READ_BATCH))
+            return _page(rows, entry, limit, max_bytes)
+
+
+def _page(
+    rows: Iterable[R],
+    entry: Callable[[R], tuple[E, int]],
+    limit: int,
+    max_bytes: int | None,
+) -> Page[E]:
+    """A listing's page from its query's rows (the query asks for limit + 1): entries built one
+    row at a time (`entry`: the entry and its size in bytes), `limit` of them, or fewer once
+    `max_bytes` would be passed but at least one; next_id is the last entry's id when more
+    follow."""
+    out: list[E] = []
+    total = 0
+    for row in rows:
+        if len(out) == limit:
+            return Page(out, out[-1].id)
+        built, size = entry(row)
+        if max_bytes is not None and out and total + size > max_bytes:
+            return Page(out, out[-1].id)
+        total += size
+        out.append(built)
+    return Page(out, 0)
 
 
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:

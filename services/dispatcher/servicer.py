@@ -407,7 +407,6 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             before_id=max(request.before_id, 0),
             max_bytes=PAGE_BYTES,
         )
-        inputs = [convert.dumps(e.input_data) for e in page.entries]
         return dpb.ListExecutionLogResponse(
             next_before_id=page.next_id,
             entries=[
@@ -415,8 +414,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     id=e.id,
                     tool_name=e.tool_name,
                     tenant_id=e.tenant_id,
-                    input_json=text[:LISTED_INPUT_CHARS],
-                    input_truncated=len(text) > LISTED_INPUT_CHARS,
+                    input_json=e.input_json[:LISTED_INPUT_CHARS],
+                    input_truncated=len(e.input_json) > LISTED_INPUT_CHARS,
                     output_summary=e.output_summary,
                     success=e.success,
                     error=e.error or "",
@@ -428,7 +427,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     trace_id=e.trace_id,
                     created_at=convert.to_timestamp(e.created_at),
                 )
-                for e, text in zip(page.entries, inputs, strict=True)
+                for e in page.entries
             ],
         )
 

@@ -183,7 +183,8 @@ async def test_a_batch_is_guarded_in_order_and_runs_concurrently(
     assert time.monotonic() - began < 2
     assert [o.tool_use_id for o in outcomes] == [u.id for u in uses]
     assert [kind(o.result) for o in outcomes[10:]] == ["ok", "ok", "ok", "loop_guard"]
-    events = a.log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=500)
+    page = a.log.page_events(tenant_id="t1", conversation_id="c1", event_type="", limit=500)
+    events = page.entries
     per_call = [e.event_type for e in events if e.tool_use_id == "b0"]
     assert per_call == ["tool_call", "decision", "tool_result", "outcome"]
     refused = next(

@@ -125,7 +125,8 @@ def exporting(path: str, filename: str = "report.csv") -> ToolResult:
 
 
 def event_types(env: Env, tool_use_id: str) -> list[str]:
-    events = env.log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=500)
+    page = env.log.page_events(tenant_id="t1", conversation_id="c1", event_type="", limit=500)
+    events = page.entries
     return [e.event_type for e in events if e.tool_use_id == tool_use_id]
 
 

@@ -113,15 +113,15 @@ async def test_the_log_writes_every_row_of_a_call_and_big_payloads_as_blobs(
     rows = log_rows(engine, conversation_id="c1")
     assert len(rows) == 21
     assert rows[0]["input_data"]["nested"][3] == {"ü": "日本"}
-    assert log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=100)
+    assert log.page_events(tenant_id="t1", conversation_id="c1", event_type="", limit=100).entries
     with engine.connect() as conn:
         big_row = conn.execute(
             select(ConversationEventRow).where(ConversationEventRow.tool_use_id == "")
         ).one()
     assert big_row.data is None and big_row.blob_id is not None
-    (event,) = log.list_events(
+    (event,) = log.page_events(
         tenant_id="t1", conversation_id="c1", event_type="tool_result", limit=10
-    )
+    ).entries
     assert big in event.data_json
 
 
@@ -140,7 +140,8 @@ async def test_a_failing_write_leaves_no_rows_and_the_log_keeps_serving(
     with pytest.raises(ToolmeshError):
         await log.write(record("toolu_broken", state_writes=[BrokenWrite()]))
     assert log_rows(engine, tool_use_id="toolu_broken") == []
-    assert log.list_events(tenant_id="t1", conversation_id="c1", event_type="", limit=10) == []
+    page = log.page_events(tenant_id="t1", conversation_id="c1", event_type="", limit=10)
+    assert page.entries == []
     await log.write(record("toolu_after"))
     assert [r["tool_use_id"] for r in log_rows(engine)] == ["toolu_after"]
 
