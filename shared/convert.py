@@ -65,6 +65,16 @@ MAX_ID_CHARS = 128
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 
+def has_control(text: str) -> bool:
+    """Whether `text` holds a control character (C0 or DEL)."""
+    return _CONTROL_CHARS.search(text) is not None
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def printable(text: str) -> str:
     """`text` with its control characters as U+FFFD (what a column and a message can hold)."""
     return _CONTROL_CHARS.sub("\ufffd", text)
@@ -80,7 +90,7 @@ def check_ids(fields: Sequence[tuple[str, str]]) -> None:
                 reason="ID_TOO_LONG",
                 field_violations=[(name, "too long")],
             )
-        if _CONTROL_CHARS.search(value):
+        if has_control(value):
             raise InvalidArgument(
                 f"{name} {printable(value)!r} holds control characters",
                 reason="ID_INVALID",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -74,9 +73,7 @@ TOOL_TIMEOUT_CACHE_TTL_S = 30.0
 REJECTED_INPUT_CHARS = 64 * 1024
 # Registered tool names match [a-zA-Z0-9_-]{1,64} (services/registry/model.py).
 MAX_TOOL_NAME_CHARS = 64
-MAX_ID_CHARS = convert.MAX_ID_CHARS
 MAX_CAPABILITIES = 256
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 class RegistryGateway(Protocol):
@@ -292,7 +289,7 @@ class Dispatcher:
             raise InvalidArgument(
                 "tool_use.name is required", field_violations=[("tool_use.name", "empty")]
             )
-        if _CONTROL.search(tool_use.name):
+        if convert.has_control(tool_use.name):
             raise InvalidArgument(
                 f"tool_use.name {convert.printable(tool_use.name)!r} holds control characters; "
                 f"a tool name matches [a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}",
@@ -328,10 +325,10 @@ class Dispatcher:
         ]
         convert.check_ids(fields)
         caps = context.capabilities
-        if len(caps) > MAX_CAPABILITIES or any(len(c) > MAX_ID_CHARS for c in caps):
+        if len(caps) > MAX_CAPABILITIES or any(len(c) > convert.MAX_ID_CHARS for c in caps):
             raise InvalidArgument(
                 f"context.capabilities holds {len(caps)} entries; at most {MAX_CAPABILITIES} "
-                f"of at most {MAX_ID_CHARS} characters each",
+                f"of at most {convert.MAX_ID_CHARS} characters each",
                 reason="CAPABILITIES_TOO_LARGE",
                 field_violations=[("context.capabilities", "too many or too long")],
             )
@@ -420,9 +417,8 @@ class Dispatcher:
         }
         err_text = f"{error.code}: {error.message}"
         fx = CallEffects()
-        name = convert.printable(tool_use.name)
-        if len(name) > MAX_TOOL_NAME_CHARS:  # fits the log's column, says how long it was
-            name = f"{name[:MAX_TOOL_NAME_CHARS]}… ({len(name)} characters)"
+        # Fits the log's column, and says how long it was.
+        name = convert.clip(convert.printable(tool_use.name), MAX_TOOL_NAME_CHARS)
         common = {"tool_name": name, "tool_use_id": tool_use_id}
         fx.event("tool_call", {**common, "input": raw, "user_id": context.user_id}, tool_use_id)
         fx.event(

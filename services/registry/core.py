@@ -30,7 +30,7 @@ from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_sys
 from services.registry.context import ToolContext
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
-from shared import schema_regex
+from shared import convert, schema_regex
 from shared.contract import (
     Alternative,
     ContractCounters,
@@ -119,11 +119,6 @@ MAX_MATCHED_CHARS = 128
 MAX_CACHED_TOOLS = 4096
 MAX_LISTED_FIELDS = 10
 MAX_MESSAGE_CHARS = 300
-
-
-def clip(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters and how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def closest_names(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
@@ -285,7 +280,7 @@ class Registry:
             hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
             # The name as given, cut to what a tool name can be: it travels in the status
             # message and its metadata, which gRPC caps at 16 KB of headers.
-            shown = clip(name, MAX_MATCHED_CHARS)
+            shown = convert.clip(name, MAX_MATCHED_CHARS)
             raise NotFound(
                 f"unknown tool {shown!r}{hint}",
                 reason="TOOL_NOT_FOUND",
@@ -507,7 +502,7 @@ def describe_violation(
     """One schema violation as text for the model, naming the field and what was expected."""
     # Field names and messages come from the caller's input: clipped, so that a megabyte key or
     # a hundred thousand of them make a hint of a few lines, not of megabytes.
-    where = clip("/".join(str(p) for p in error.absolute_path), MAX_MATCHED_CHARS)
+    where = convert.clip("/".join(str(p) for p in error.absolute_path), MAX_MATCHED_CHARS)
     field = f"'{where}'" if where else "input"
     missing = error.message.split("'")[1] if "'" in error.message else error.message
     schema = error.schema if isinstance(error.schema, Mapping) else {}
@@ -520,7 +515,7 @@ def describe_violation(
         extras = [p for p in instance if p not in known]
         props = known
         alternatives = []
-        shown = [clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
+        shown = [convert.clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
         for extra in shown:
             for match in difflib.get_close_matches(extra, props, n=2, cutoff=0.5):
                 score = difflib.SequenceMatcher(None, extra, match).ratio()
@@ -543,7 +538,7 @@ def describe_violation(
         ]
         alternatives.sort(key=lambda a: -a.score)
         return f"field {field}: {_short(error.instance)} is not one of {options}", alternatives[:3]
-    return f"field {field}: {clip(error.message, MAX_MESSAGE_CHARS)}", []
+    return f"field {field}: {convert.clip(error.message, MAX_MESSAGE_CHARS)}", []
 
 
 def _json_type(value: Any) -> str:
