@@ -19,8 +19,6 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import jsonschema._keywords
-import jsonschema._utils
 import re2
 
 logger = logging.getLogger(__name__)
@@ -28,10 +26,20 @@ logger = logging.getLogger(__name__)
 _MAX_CACHED = 4096
 
 
-def _options() -> Any:
-    options = re2.Options()
-    options.log_errors = False  # a refused pattern is reported by us, not printed by RE2
-    return options
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # a refused pattern is reported by its caller, not printed by RE2
+
+
+def compile_re2(pattern: str) -> Any:
+    """The RE2 program of `pattern` (it matches in time linear in the text). ValueError saying
+    why when RE2 cannot take it (backreferences, lookaround, a syntax error)."""
+    try:
+        return re2.compile(pattern, _OPTIONS)
+    except re2.error as exc:
+        text = exc.args[0] if exc.args else exc
+        raise ValueError(
+            text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        ) from None
 
 
 class Re2Search:
@@ -39,15 +47,14 @@ class Re2Search:
 
     def __init__(self) -> None:
         self._compiled: dict[str, Any] = {}
-        self._options = _options()
 
     def compile(self, pattern: str) -> Any:
         """The RE2 program of `pattern`, or None when RE2 cannot take it (cached either way)."""
         if pattern in self._compiled:
             return self._compiled[pattern]
         try:
-            compiled = re2.compile(pattern, self._options)
-        except re2.error as exc:
+            compiled = compile_re2(pattern)
+        except ValueError as exc:
             logger.warning(
                 "input schema pattern %r is not an RE2 expression (%s): not enforced",
                 pattern[:200],
@@ -71,7 +78,12 @@ SEARCH = Re2Search()
 
 def install() -> None:
     """Make jsonschema search with RE2 (idempotent). Raises if jsonschema changed how it
-    searches, rather than silently going back to backtracking."""
+    searches, rather than silently going back to backtracking. jsonschema is imported here, not
+    at the top: the dispatcher compiles its rules' patterns with this module and validates no
+    schema."""
+    import jsonschema._keywords
+    import jsonschema._utils
+
     for module in (jsonschema._keywords, jsonschema._utils):
         if getattr(module, "re", None) is not SEARCH:
             if not hasattr(module, "re"):
@@ -96,8 +108,8 @@ def unsupported_patterns(schema: Any) -> list[str]:
     bad = []
     for pattern in _patterns(schema):
         try:
-            re2.compile(pattern, _options())
-        except re2.error:
+            compile_re2(pattern)
+        except ValueError:
             bad.append(pattern)
     return bad
 

@@ -16,10 +16,9 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-import re2
-
 from services.dispatcher import jsonpath
 from shared.errors import InvalidArgument
+from shared.schema_regex import compile_re2
 
 # Free-text keys a model uses to narrate a call; they never change what the call does.
 NARRATION_KEYS = frozenset({"reasoning", "explanation", "thought", "rationale", "justification"})
@@ -29,13 +28,6 @@ REPEAT_FAILURE_THRESHOLD = 3  # the 3rd identical failure gets a hint
 RULE_KINDS = ("deny_tool", "require_prior_tool", "arg_constraint", "rate_limit")
 MODES = ("blocking", "advisory")
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False
-
-
-def _re2_message(exc: Exception) -> str:
-    text = exc.args[0] if exc.args else exc
-    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
 
 
 MAX_PATTERN_CHARS = 500
@@ -177,8 +169,8 @@ class PolicyRule:
         before rules were checked for it, runs on `re`."""
         source = str(self.params["pattern"])
         try:
-            return re2.compile(source, _RE2_OPTIONS)
-        except re2.error:
+            return compile_re2(source)
+        except ValueError:
             return re.compile(source)
 
     @property
@@ -287,13 +279,13 @@ def _constraint_params(params: dict[str, Any], problems: list[tuple[str, str]]) 
         )
     else:
         try:
-            re2.compile(pattern, _RE2_OPTIONS)
+            compile_re2(pattern)
             out["pattern"] = pattern
-        except re2.error as exc:
+        except ValueError as exc:
             problems.append(
                 (
                     "rule.params_json.pattern",
-                    f"not an RE2 regex (no backreferences or lookaround): {_re2_message(exc)}",
+                    f"not an RE2 regex (no backreferences or lookaround): {exc}",
                 )
             )
     must_match = params.get("must_match")
