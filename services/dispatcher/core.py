@@ -134,6 +134,47 @@ def _kind_of_error(error: ToolmeshError) -> str:
     return error.reason.lower() if error.reason else error.code.lower()
 
 
+def _error_text(error: ToolmeshError) -> str:
+    return f"{error.code}: {error.message}"
+
+
+def _rpc_error_result(
+    tool_name: str, tool_use_id: str, error: ToolmeshError, elapsed_ms: float
+) -> dict[str, Any]:
+    """The `tool_result` event of a call that failed at the RPC level."""
+    return {
+        "tool_name": tool_name,
+        "tool_use_id": tool_use_id,
+        "content": "",
+        "envelope": "rpc_error",
+        "error": _error_text(error),
+        "status": error.code,
+        "reason": error.reason,
+        "duration_ms": elapsed_ms,
+    }
+
+
+def _outcome(
+    tool_name: str,
+    tool_use_id: str,
+    status: str,
+    elapsed_ms: float,
+    attempts: int,
+    warnings: list[str],
+    err_kind: str = "",
+) -> dict[str, Any]:
+    """The `outcome` event of a call."""
+    return {
+        "tool_name": tool_name,
+        "tool_use_id": tool_use_id,
+        "status": status,
+        "err_kind": err_kind,
+        "duration_ms": elapsed_ms,
+        "failed_attempts": attempts,
+        "warnings": warnings,
+    }
+
+
 class RuleCache:
     """Enabled policy rules, re-read at most every `ttl_s` (and at once after a change made
     through this replica), so a call with no rule changes costs no database round trip."""
@@ -415,39 +456,17 @@ class Dispatcher:
             "input_chars": len(text),
             "truncated": len(text) > REJECTED_INPUT_CHARS,
         }
-        err_text = f"{error.code}: {error.message}"
+        err_text = _error_text(error)
         fx = CallEffects()
         # Fits the log's column, and says how long it was.
         name = convert.clip(convert.printable(tool_use.name), MAX_TOOL_NAME_CHARS)
-        common = {"tool_name": name, "tool_use_id": tool_use_id}
-        fx.event("tool_call", {**common, "input": raw, "user_id": context.user_id}, tool_use_id)
-        fx.event(
-            "tool_result",
-            {
-                **common,
-                "content": "",
-                "envelope": "rpc_error",
-                "error": err_text,
-                "status": error.code,
-                "reason": error.reason,
-                "duration_ms": 0.0,
-            },
-            tool_use_id,
-        )
-        fx.event(
-            "outcome",
-            {
-                **common,
-                "status": "rejected",
-                "err_kind": _kind_of_error(error),
-                "duration_ms": 0.0,
-                "failed_attempts": 0,
-                "warnings": [],
-            },
-            tool_use_id,
-        )
+        call = {"tool_name": name, "tool_use_id": tool_use_id, "input": raw}
+        fx.event("tool_call", {**call, "user_id": context.user_id}, tool_use_id)
+        fx.event("tool_result", _rpc_error_result(name, tool_use_id, error, 0.0), tool_use_id)
+        outcome = _outcome(name, tool_use_id, "rejected", 0.0, 0, [], _kind_of_error(error))
+        fx.event("outcome", outcome, tool_use_id)
         record = CallRecord(
-            tool_name=common["tool_name"],
+            tool_name=name,
             tenant_id=context.tenant_id,
             user_id=context.user_id,
             conversation_id=context.conversation_id,
@@ -839,19 +858,10 @@ class Dispatcher:
         warnings: list[str],
         err_kind: str = "",
     ) -> None:
-        plan.fx.event(
-            "outcome",
-            {
-                "tool_name": plan.tool_use.name,
-                "tool_use_id": plan.tool_use_id,
-                "status": status,
-                "err_kind": err_kind,
-                "duration_ms": elapsed_ms,
-                "failed_attempts": attempts,
-                "warnings": warnings,
-            },
-            plan.tool_use_id,
+        data = _outcome(
+            plan.tool_use.name, plan.tool_use_id, status, elapsed_ms, attempts, warnings, err_kind
         )
+        plan.fx.event("outcome", data, plan.tool_use_id)
 
     def _result_record(
         self,
@@ -888,17 +898,8 @@ class Dispatcher:
         )
 
     def _error_record(self, plan: _Plan, elapsed_ms: float, error: ToolmeshError) -> CallRecord:
-        err_text = f"{error.code}: {error.message}"
-        result_data = {
-            "tool_name": plan.tool_use.name,
-            "tool_use_id": plan.tool_use_id,
-            "content": "",
-            "envelope": "rpc_error",
-            "error": err_text,
-            "status": error.code,
-            "reason": error.reason,
-            "duration_ms": elapsed_ms,
-        }
+        err_text = _error_text(error)
+        result_data = _rpc_error_result(plan.tool_use.name, plan.tool_use_id, error, elapsed_ms)
         plan.fx.event("tool_result", result_data, plan.tool_use_id)
         self._outcome_event(
             plan, "rpc_error", elapsed_ms, 0, list(plan.warnings), _kind_of_error(error)
