@@ -12,7 +12,9 @@ import grpc
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared.auth import AUTH_HEADER
+from shared.config import MuxSettings
 from shared.errors import Unavailable
+from shared.mux import MuxChannel
 from shared.rpc_errors import from_rpc_error
 from shared.server import MAX_MESSAGE_BYTES
 from shared.telemetry.tracing import inject_metadata, tracer
@@ -32,15 +34,29 @@ CHANNEL_OPTIONS = [
 
 
 def open_channel(
-    address: str, api_key: str | None = None, options: list[tuple[str, Any]] | None = None
+    address: str,
+    api_key: str | None = None,
+    options: list[tuple[str, Any]] | None = None,
+    *,
+    mux: bool | None = None,
 ) -> grpc.aio.Channel:
     """A channel to a mesh service. With an API key (`api_key`, else this process's
     TOOLMESH_API_KEY: a service's own key) every call carries it as a bearer token, for services
-    that check keys (TOOLMESH_API_KEYS_FILE)."""
+    that check keys (TOOLMESH_API_KEYS_FILE). Its unary calls go over call streams to the
+    service (shared.mux) unless `mux` is False or TOOLMESH_MUX is off (config.MuxSettings)."""
     key = api_key if api_key is not None else os.environ.get("TOOLMESH_API_KEY", "")
     interceptors = [_AioBearerAuth(key), _AioBearerAuthStream(key)] if key else None
-    return grpc.aio.insecure_channel(
+    channel = grpc.aio.insecure_channel(
         address, options=options or CHANNEL_OPTIONS, interceptors=interceptors
+    )
+    settings = MuxSettings.from_env()
+    if not (settings.enabled if mux is None else mux):
+        return channel
+    return MuxChannel(
+        channel,
+        ((AUTH_HEADER, f"Bearer {key}"),) if key else (),
+        streams=settings.streams,
+        max_age_s=settings.max_age_s,
     )
 
 

@@ -63,6 +63,35 @@ def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...], default:
     return raw
 
 
+@dataclass(frozen=True)
+class MuxSettings:
+    """The mesh's call streams (shared.mux), read by every channel a service opens to another.
+
+    enabled     TOOLMESH_MUX, default on — the mesh's internal unary calls go over call
+                streams; off: plain unary RPCs.
+    streams     TOOLMESH_MUX_STREAMS, default 2 — streams per channel, calls taking them in
+                turn (each stream goes to one replica of the called service).
+    max_age_s   TOOLMESH_MUX_MAX_AGE_S, default 60 — how long a stream takes new calls before
+                a fresh one replaces it (so replicas added later get calls)."""
+
+    enabled: bool = True
+    streams: int = 2
+    max_age_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MuxSettings:
+        env = os.environ if env is None else env
+        streams = _int(env, "TOOLMESH_MUX_STREAMS", 2)
+        if not 1 <= streams <= 64:
+            raise ValueError(f"TOOLMESH_MUX_STREAMS={streams} is not between 1 and 64")
+        max_age_s = _float(env, "TOOLMESH_MUX_MAX_AGE_S", 60.0)
+        if not max_age_s > 0:
+            raise ValueError(f"TOOLMESH_MUX_MAX_AGE_S={max_age_s} is not a positive number")
+        return cls(
+            enabled=_bool(env.get("TOOLMESH_MUX"), True), streams=streams, max_age_s=max_age_s
+        )
+
+
 def _endpoint(env: Mapping[str, str], key: str) -> str:
     """An OTLP endpoint: host:port or an http(s) URL (empty: none). Checked here, so that a typo
     stops the service with one line at start instead of failing every export later."""
@@ -109,6 +138,8 @@ class Settings:
     event_loop          TOOLMESH_EVENT_LOOP, default uvloop — the services' event loop: uvloop,
                         or asyncio (the standard loop; also used when uvloop is not installed).
                         The MCP bridge always runs on asyncio's loop (services/mcp_bridge).
+    mux                 TOOLMESH_MUX, TOOLMESH_MUX_STREAMS, TOOLMESH_MUX_MAX_AGE_S: the call
+                        streams between services (MuxSettings).
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.
@@ -174,6 +205,7 @@ class Settings:
     otlp_protocol: str = "grpc"
     log_level: str = "INFO"
     event_loop: str = "uvloop"
+    mux: MuxSettings = field(default_factory=MuxSettings)
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
     max_depth: int = 8
@@ -248,6 +280,7 @@ class Settings:
                 env, "TOOLMESH_LOG_LEVEL", ("debug", "info", "warning", "error", "critical"), "info"
             ).upper(),
             event_loop=_choice(env, "TOOLMESH_EVENT_LOOP", ("uvloop", "asyncio"), "uvloop"),
+            mux=MuxSettings.from_env(env),
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),
             max_depth=_int(env, "TOOLMESH_MAX_CALL_DEPTH", 8),

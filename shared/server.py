@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +22,20 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared.auth import ApiKeys
 from shared.errors import Internal, ToolmeshError
+from shared.mux import MuxServicer
 from shared.rpc_errors import to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
 from shared.telemetry.tracing import current_trace_id, extract_context, tracer
+from toolmesh.mux.v1 import mux_pb2, mux_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 # Infrastructure RPCs that are not traced (they would drown real calls), but still error-mapped.
 _UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MUX_SERVICE = mux_pb2.DESCRIPTOR.services_by_name["MuxService"].full_name
+# Each server's call-stream servicer, drained when the server shuts down.
+_MUX_OF: weakref.WeakKeyDictionary[grpc.aio.Server, MuxServicer] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,9 @@ class Registrar:
     def __init__(self, server: grpc.aio.Server, wrapper: HandlerWrapper) -> None:
         self._server = server
         self._wrapper = wrapper
+        # Method path -> its wrapped handler, for the unary methods: what the call stream
+        # (shared.mux) serves.
+        self.unary_handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._server.add_generic_rpc_handlers(
@@ -234,13 +243,14 @@ class Registrar:
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        self._server.add_registered_method_handlers(
-            service,
-            {
-                name: self._wrapper.wrap(f"/{service}/{name}", handler)
-                for name, handler in handlers.items()
-            },
-        )
+        wrapped = {
+            name: self._wrapper.wrap(f"/{service}/{name}", handler)
+            for name, handler in handlers.items()
+        }
+        for name, handler in wrapped.items():
+            if handler.unary_unary is not None:
+                self.unary_handlers[f"/{service}/{name}"] = handler
+        self._server.add_registered_method_handlers(service, wrapped)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
@@ -283,7 +293,11 @@ async def create_server(
         binding.add_to_server(binding.servicer, registrar)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
-    names = [b.full_name for b in bindings]
+    # The mesh's own clients send their unary calls over one call stream (shared.mux).
+    mux = MuxServicer(registrar.unary_handlers)
+    mux_pb2_grpc.add_MuxServiceServicer_to_server(mux, registrar)
+    _MUX_OF[server] = mux
+    names = [b.full_name for b in bindings] + [MUX_SERVICE]
     reflection.enable_server_reflection(
         [
             *names,
@@ -349,6 +363,9 @@ async def serve_until_signalled(
         watcher.cancel()
     logger.info("shutting down (grace %.1fs)", grace_s)
     await health_servicer.enter_graceful_shutdown()
+    mux = _MUX_OF.get(server)
+    if mux is not None:  # call streams: no new calls, the started ones answered, then ended
+        mux.drain()
     await server.stop(grace_s)
     for task in (waiter, stopper):
         task.cancel()

@@ -1,0 +1,296 @@
+"""The call stream (shared.mux): unary calls over one bidirectional stream behave as unary calls
+do — results, errors with their rich status, deadlines, cancellation, metadata, large messages —
+and fall back to plain unary calls where the stream cannot serve."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from shared.errors import FailedPrecondition
+from shared.mux import MAX_FRAME_REQUEST_BYTES, MuxChannel, MuxServicer, MuxServicerContext
+from shared.rpc_errors import from_rpc_error
+from shared.server import HandlerWrapper
+from toolmesh.mux.v1 import mux_pb2_grpc
+
+SERVICE = "test.Echo"
+
+
+def _ident(b: bytes) -> bytes:
+    return b
+
+
+class Handlers:
+    """A byte-level test service; records what each call saw."""
+
+    def __init__(self) -> None:
+        self.contexts: list[Any] = []
+        self.cancelled = asyncio.Event()
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def echo(self, request: bytes, context: Any) -> bytes:
+        self.contexts.append(context)
+        return request
+
+    async def fail(self, request: bytes, context: Any) -> bytes:
+        raise FailedPrecondition("not now", reason="NOT_NOW", metadata={"why": "testing"})
+
+    async def crash(self, request: bytes, context: Any) -> bytes:
+        raise RuntimeError("boom")
+
+    async def slow(self, request: bytes, context: Any) -> bytes:
+        self.started.set()
+        try:
+            await asyncio.wait_for(self.release.wait(), 30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b"done"
+
+    async def big(self, request: bytes, context: Any) -> bytes:
+        return bytes(range(256)) * (int(request.decode()) // 256)
+
+    async def metadata(self, request: bytes, context: Any) -> bytes:
+        md = context.invocation_metadata()
+        return "|".join(f"{k}={v}" for k, v in md if k in ("x-call", "authorization")).encode()
+
+
+async def _server(handlers: Handlers, *, mux: bool = True) -> tuple[grpc.aio.Server, str]:
+    wrapper = HandlerWrapper(False)
+    table = {
+        name: wrapper.wrap(
+            f"/{SERVICE}/{name}",
+            grpc.unary_unary_rpc_method_handler(getattr(handlers, name), _ident, _ident),
+        )
+        for name in ("echo", "fail", "crash", "slow", "big", "metadata")
+    }
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+        ]
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, table),))
+    if mux:
+        servicer = MuxServicer({f"/{SERVICE}/{n}": h for n, h in table.items()})
+        mux_pb2_grpc.add_MuxServiceServicer_to_server(servicer, server)
+        server.mux = servicer  # type: ignore[attr-defined]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def handlers() -> Handlers:
+    return Handlers()
+
+
+@pytest.fixture
+async def served(handlers: Handlers) -> AsyncIterator[tuple[grpc.aio.Server, MuxChannel]]:
+    server, address = await _server(handlers)
+    channel = MuxChannel(
+        grpc.aio.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        ),
+        (("authorization", "Bearer stream-key"),),
+    )
+    yield server, channel
+    await channel.close()
+    await server.stop(None)
+
+
+def method(channel: grpc.aio.Channel, name: str) -> Any:
+    return channel.unary_unary(f"/{SERVICE}/{name}", _ident, _ident)
+
+
+async def test_calls_go_over_the_stream_and_answer_as_unary(
+    served: tuple[grpc.aio.Server, MuxChannel], handlers: Handlers
+) -> None:
+    _, channel = served
+    echo = method(channel, "echo")
+    answers = await asyncio.gather(*(echo(f"n{i}".encode(), timeout=10) for i in range(300)))
+    assert answers == [f"n{i}".encode() for i in range(300)]
+    assert all(isinstance(c, MuxServicerContext) for c in handlers.contexts)
+    assert not channel.disabled
+
+
+async def test_an_error_keeps_its_code_message_and_rich_status(
+    served: tuple[grpc.aio.Server, MuxChannel],
+) -> None:
+    _, channel = served
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await method(channel, "fail")(b"", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == "not now"
+    error = from_rpc_error(caught.value)
+    assert error.reason == "NOT_NOW" and error.metadata == {"why": "testing"}
+    with pytest.raises(grpc.aio.AioRpcError) as crashed:
+        await method(channel, "crash")(b"")
+    assert crashed.value.code() == grpc.StatusCode.INTERNAL
+    assert "boom" not in (crashed.value.details() or "")  # no internals leak
+
+
+async def test_a_deadline_ends_the_call_on_both_sides(
+    served: tuple[grpc.aio.Server, MuxChannel], handlers: Handlers
+) -> None:
+    _, channel = served
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await method(channel, "slow")(b"", timeout=0.3)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert loop.time() - started < 5
+    await asyncio.wait_for(handlers.cancelled.wait(), 5)  # the handler was stopped too
+    assert await method(channel, "echo")(b"after") == b"after"  # the stream still serves
+
+
+async def test_a_cancelled_caller_cancels_the_call_on_the_server(
+    served: tuple[grpc.aio.Server, MuxChannel], handlers: Handlers
+) -> None:
+    _, channel = served
+    task = asyncio.ensure_future(method(channel, "slow")(b""))
+    await asyncio.wait_for(handlers.started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(handlers.cancelled.wait(), 5)
+
+
+async def test_call_metadata_and_the_streams_key_reach_the_handler(
+    served: tuple[grpc.aio.Server, MuxChannel],
+) -> None:
+    _, channel = served
+    seen = await method(channel, "metadata")(
+        b"", metadata=(("x-call", "one"), ("authorization", "Bearer call-key"))
+    )
+    # Both arrive; the stream's key comes last, as a channel interceptor's would.
+    assert seen == b"x-call=one|authorization=Bearer call-key|authorization=Bearer stream-key"
+
+
+async def test_large_responses_come_in_parts_and_large_requests_go_unary(
+    served: tuple[grpc.aio.Server, MuxChannel], handlers: Handlers
+) -> None:
+    _, channel = served
+    size = 5 * 1024 * 1024 + 256 * 3
+    small, large = await asyncio.gather(
+        method(channel, "echo")(b"tiny"), method(channel, "big")(str(size).encode())
+    )
+    assert small == b"tiny"
+    assert large == bytes(range(256)) * (size // 256)
+    payload = b"x" * (MAX_FRAME_REQUEST_BYTES + 1)
+    assert await method(channel, "echo")(payload) == payload
+    assert not isinstance(handlers.contexts[-1], MuxServicerContext)  # sent unary
+
+
+async def test_an_unknown_method_is_unimplemented(
+    served: tuple[grpc.aio.Server, MuxChannel],
+) -> None:
+    _, channel = served
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await channel.unary_unary(f"/{SERVICE}/nope", _ident, _ident)(b"")
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_server_without_the_stream_is_called_unary(handlers: Handlers) -> None:
+    server, address = await _server(handlers, mux=False)
+    channel = MuxChannel(grpc.aio.insecure_channel(address))
+    try:
+        echo = method(channel, "echo")
+        assert await asyncio.gather(echo(b"a"), echo(b"b")) == [b"a", b"b"]
+        assert channel.disabled
+        assert await echo(b"c", timeout=5) == b"c"
+        assert not any(isinstance(c, MuxServicerContext) for c in handlers.contexts)
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_draining_finishes_started_calls_and_refuses_new_ones(
+    served: tuple[grpc.aio.Server, MuxChannel], handlers: Handlers
+) -> None:
+    server, channel = served
+    slow = asyncio.ensure_future(method(channel, "slow")(b"", timeout=10))
+    await asyncio.wait_for(handlers.started.wait(), 5)
+    server.mux.drain()  # type: ignore[attr-defined]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await method(channel, "echo")(b"late", timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    handlers.release.set()
+    assert await slow == b"done"
+
+
+async def test_a_server_that_goes_away_fails_calls_promptly(handlers: Handlers) -> None:
+    server, address = await _server(handlers)
+    channel = MuxChannel(grpc.aio.insecure_channel(address))
+    try:
+        assert await method(channel, "echo")(b"up") == b"up"
+        slow = asyncio.ensure_future(method(channel, "slow")(b"", timeout=20))
+        await asyncio.wait_for(handlers.started.wait(), 5)
+        await server.stop(None)  # no grace: the stream is cut
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(slow, 10)
+        assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        with pytest.raises(grpc.aio.AioRpcError) as after:
+            await asyncio.wait_for(method(channel, "echo")(b"down", timeout=5), 10)
+        assert after.value.code() in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
+    finally:
+        await channel.close()
+
+
+async def test_streams_are_taken_in_turn_and_renewed_without_losing_calls(
+    handlers: Handlers,
+) -> None:
+    server, address = await _server(handlers)
+    channel = MuxChannel(grpc.aio.insecure_channel(address), streams=3, max_age_s=0.05)
+    try:
+        echo = method(channel, "echo")
+        seen: set[int] = set()
+        for round_ in range(6):
+            answers = await asyncio.gather(*(echo(f"{round_}-{i}".encode()) for i in range(40)))
+            assert answers == [f"{round_}-{i}".encode() for i in range(40)]
+            seen.update(id(c) for c in channel._slots if c is not None)
+            await asyncio.sleep(0.06)  # every stream is now due for renewal
+        assert len(seen) > 3  # renewed: more streams than slots were used
+        # The retired streams were half-closed and ended by the server, none left behind.
+        await asyncio.sleep(0.2)
+        assert len(server.mux._streams) <= 3  # type: ignore[attr-defined]
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+def test_mux_settings_are_read_and_checked() -> None:
+    from shared.config import MuxSettings
+
+    assert MuxSettings.from_env({}) == MuxSettings(enabled=True, streams=2, max_age_s=60.0)
+    assert not MuxSettings.from_env({"TOOLMESH_MUX": "0"}).enabled
+    assert MuxSettings.from_env({"TOOLMESH_MUX_STREAMS": "4"}).streams == 4
+    for bad in (
+        {"TOOLMESH_MUX_STREAMS": "0"},
+        {"TOOLMESH_MUX_STREAMS": "x"},
+        {"TOOLMESH_MUX_MAX_AGE_S": "-1"},
+    ):
+        with pytest.raises(ValueError, match="TOOLMESH_MUX"):
+            MuxSettings.from_env(bad)
+
+
+async def test_open_channel_uses_the_call_stream_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shared.clients import open_channel
+
+    channel = open_channel("127.0.0.1:1")
+    assert isinstance(channel, MuxChannel)
+    await channel.close()
+    monkeypatch.setenv("TOOLMESH_MUX", "0")
+    plain = open_channel("127.0.0.1:1")
+    assert not isinstance(plain, MuxChannel)
+    await plain.close()
