@@ -178,6 +178,10 @@ def _children() -> set[int]:
     [
         ({"TOOLMESH_DISPATCHER_PORT": "abc"}, "TOOLMESH_DISPATCHER_PORT='abc' is not an integer"),
         ({"TOOLMESH_DATABASE_URL": "nonsense://x"}, "TOOLMESH_DATABASE_URL nonsense://x cannot"),
+        (
+            {"TOOLMESH_MUX_STREAMS": "0"},
+            "configuration error: TOOLMESH_MUX_STREAMS=0 is not between 1 and 64",
+        ),
     ],
 )
 def test_a_malformed_setting_stops_a_service_with_one_line_not_a_traceback(
@@ -223,10 +227,13 @@ def wait_until_refusing(address: str, timeout: float) -> None:
 
 
 @pytest.mark.parametrize("victim", ["dispatcher", "registry"])
+@pytest.mark.parametrize("mux", ["1", "0"], ids=["call-stream", "unary"])
 def test_sigterm_lets_the_call_in_flight_finish_then_exits_0_and_refuses_new_calls(
-    tmp_path: Path, victim: str
+    tmp_path: Path, victim: str, mux: str
 ) -> None:
-    env = base_env(tmp_path)
+    """The dispatcher's call to the registry rides a call stream (TOOLMESH_MUX=1, the default)
+    or a plain unary RPC: either way a registry draining on SIGTERM answers it."""
+    env = base_env(tmp_path, TOOLMESH_MUX=mux)
     registry = start_service("registry", env=env, port=0)
     with services(registry):
         dispatcher = start_service(
