@@ -77,6 +77,7 @@ traces: $(STAMP) gen
 
 bench: $(STAMP)
 	$(PY) -m bench.dispatch_overhead
+	$(PY) -m bench.call_stream
 	$(PY) -m bench.guardrails_overhead
 	$(PY) -m bench.sandbox_overhead
 	$(PY) -m bench.tracing_overhead
