@@ -119,6 +119,56 @@ def test_a_dispatcher_whose_database_is_down_answers_unavailable_promptly_and_wr
     }
 
 
+@pytest.mark.parametrize("mux", ["1", "0"], ids=["call-stream", "unary"])
+def test_a_registry_that_dies_and_comes_back_is_called_again(tmp_path: Path, mux: str) -> None:
+    """Killed mid-conversation, the registry's calls fail UNAVAILABLE at once (no hang), and
+    once it is back on its address the dispatcher's next calls reach it, on a new call stream
+    or a plain unary RPC."""
+    env = base_env(tmp_path, TOOLMESH_MUX=mux)
+    port = _free_port()
+    registry = start_service("registry", env=env, port=port)
+    dispatcher = start_service(
+        "dispatcher", env={**env, "TOOLMESH_REGISTRY_ADDR": registry.address}, port=0
+    )
+    revived: list[ServiceProcess] = []
+    try:
+        with grpc.insecure_channel(dispatcher.address) as ch:
+            stub = dispatcher_pb2_grpc.DispatcherServiceStub(ch)
+            assert stub.DispatchToolCall(request("ping", {"echo": 1}, "revive"), timeout=15)
+            registry.process.kill()
+            registry.process.wait(10)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.DispatchToolCall(request("ping", {"echo": 2}, "revive"), timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 15
+            revived.append(start_service("registry", env=env, port=port))
+            deadline = time.monotonic() + 60
+            attempt = 2
+            while True:  # the channel reconnects with gRPC's backoff (seconds)
+                attempt += 1  # new arguments each time: repeats would trip the loop guard
+                try:
+                    answer = stub.DispatchToolCall(
+                        request("ping", {"echo": attempt}, "revive"), timeout=15
+                    )
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                    assert time.monotonic() < deadline, "the dispatcher never reached it again"
+                    time.sleep(0.2)  # polling, bounded by the deadline
+            assert answer.result.envelope.WhichOneof("kind") == "ok", answer.result
+            assert json.loads(answer.result.envelope.ok.data_json)["echo"] == attempt
+    finally:
+        for proc in (dispatcher, *revived, registry):
+            proc.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 # --- (b) the registry's database is down at start-up ------------------------------------------
 
 
