@@ -207,12 +207,19 @@ def trace_of(
     entry = mesh.dispatcher.ListExecutionLog(
         dpb.ListExecutionLogRequest(conversation_id=conversation, limit=1)
     ).entries[0]
-    for name in (root, f"execute_tool {entry.tool_name}", rpc, f"tools/call {tool}"):
+    # `rpc` names two spans, the registry's CLIENT and the bridge's SERVER: wait for both.
+    expected = (
+        (root, 1),
+        (f"execute_tool {entry.tool_name}", 1),
+        (rpc, 2),
+        (f"tools/call {tool}", 1),
+    )
+    for name, count in expected:
 
         def arrived(s: ReceivedSpan, name: str = name) -> bool:
             return s.trace_id == entry.trace_id and s.name == name
 
-        mesh.spans.wait_for_sync(arrived, timeout=20)
+        mesh.spans.wait_for_sync(arrived, timeout=20, count=count)
     return mesh.spans.spans(entry.trace_id)
 
 
