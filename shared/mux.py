@@ -35,6 +35,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -60,8 +61,15 @@ BATCH_BYTES = 4 * 1024 * 1024
 # reach replicas added later (TOOLMESH_MUX_STREAMS, TOOLMESH_MUX_MAX_AGE_S).
 DEFAULT_STREAMS = 2
 DEFAULT_MAX_AGE_S = 60.0
-# Calls one stream may have in flight on the server; beyond it a call is RESOURCE_EXHAUSTED.
+# Calls one stream may have in flight on the server, with the answers not yet written: at the
+# limit the server stops reading the stream until there is room (calls beyond it within one
+# message are answered RESOURCE_EXHAUSTED).
 MAX_CALLS_PER_STREAM = 10_000
+# A call's own metadata, at most (gRPC's default limit on a unary call's headers).
+MAX_CALL_METADATA_BYTES = 16 * 1024
+# Timeouts beyond this (or not finite) are no deadline.
+MAX_TIMEOUT_S = 10 * 365 * 24 * 3600.0
+_SHOWN_CHARS = 200
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _OK = 0
@@ -531,6 +539,7 @@ class _ServerStream:
         self._wake: asyncio.Future[None] | None = None
         self._eof = False
         self._closing = False
+        self._room: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
         wake = self._wake
@@ -550,6 +559,7 @@ class _ServerStream:
             while True:
                 while self._outbox:
                     await self._context.write(mpb.CallsResponse(replies=_take(self._outbox)))
+                    self._made_room()
                 if self._finished():
                     return
                 self._wake = self._loop.create_future()
@@ -561,11 +571,26 @@ class _ServerStream:
             for task in list(self._calls.values()):
                 task.cancel()
 
+    def _busy(self) -> bool:
+        return len(self._calls) + len(self._outbox) >= MAX_CALLS_PER_STREAM
+
+    def _made_room(self) -> None:
+        room = self._room
+        if room is not None and not room.done() and not self._busy():
+            room.set_result(None)
+
     async def _read(self, requests: Any) -> None:
         try:
             async for message in requests:
                 for frame in message.calls:
                     self._start(frame)
+                # Backpressure: a client that sends faster than its calls finish, or never
+                # reads the answers, is not read from until calls and unsent answers drop
+                # below the limit (HTTP/2 flow control then holds it back).
+                while self._busy():
+                    self._room = self._loop.create_future()
+                    await self._room
+                    self._room = None
         finally:
             self._eof = True
             self.wake()
@@ -582,12 +607,29 @@ class _ServerStream:
             return
         handler = self._owner.handlers.get(frame.method)
         if handler is None or handler.unary_unary is None:
+            shown = frame.method[:_SHOWN_CHARS] + ("…" if len(frame.method) > _SHOWN_CHARS else "")
             self._reply(
                 self._error(
                     call_id,
                     grpc.StatusCode.UNIMPLEMENTED,
-                    f"method {frame.method!r} is not a unary method of this server",
+                    f"method {shown!r} is not a unary method of this server",
                 )
+            )
+            return
+        size = sum(len(e.key) + len(e.text) + len(e.binary) for e in frame.metadata)
+        if size > MAX_CALL_METADATA_BYTES:
+            self._reply(
+                self._error(
+                    call_id,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the call's metadata is {size} bytes, over the "
+                    f"{MAX_CALL_METADATA_BYTES}-byte limit",
+                )
+            )
+            return
+        if frame.timeout_seconds < 0:  # a deadline already past
+            self._reply(
+                self._error(call_id, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             )
             return
         if self._owner.draining:
@@ -621,6 +663,8 @@ class _ServerStream:
     async def _serve(self, frame: mpb.Call, handler: grpc.RpcMethodHandler) -> None:
         call_id = frame.call_id
         timeout = frame.timeout_seconds
+        if not math.isfinite(timeout) or timeout > MAX_TIMEOUT_S:
+            timeout = 0.0  # no deadline, as for a unary call without one
         metadata = (
             _pairs(frame.metadata) + self._stream_metadata
             if frame.metadata
@@ -669,6 +713,7 @@ class _ServerStream:
             reply = self._error(call_id, grpc.StatusCode.UNKNOWN, "Unexpected error")
         finally:
             self._calls.pop(call_id, None)
+            self._made_room()
             if reply is not None:
                 self._reply(reply)
             else:

@@ -11,10 +11,12 @@ from typing import Any
 import grpc
 import pytest
 
+from shared import mux
 from shared.errors import FailedPrecondition
 from shared.mux import MAX_FRAME_REQUEST_BYTES, MuxChannel, MuxServicer, MuxServicerContext
 from shared.rpc_errors import from_rpc_error
 from shared.server import HandlerWrapper
+from toolmesh.mux.v1 import mux_pb2 as mpb
 from toolmesh.mux.v1 import mux_pb2_grpc
 
 SERVICE = "test.Echo"
@@ -32,6 +34,7 @@ class Handlers:
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
         self.release = asyncio.Event()
+        self.slow_started = 0
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         self.contexts.append(context)
@@ -44,6 +47,7 @@ class Handlers:
         raise RuntimeError("boom")
 
     async def slow(self, request: bytes, context: Any) -> bytes:
+        self.slow_started += 1
         self.started.set()
         try:
             await asyncio.wait_for(self.release.wait(), 30)
@@ -294,3 +298,82 @@ async def test_open_channel_uses_the_call_stream_unless_turned_off(
     plain = open_channel("127.0.0.1:1")
     assert not isinstance(plain, MuxChannel)
     await plain.close()
+
+
+# --- a hostile client on the raw stream --------------------------------------------------------
+
+
+def _raw_stream(channel: grpc.aio.Channel) -> Any:
+    return channel.stream_stream(
+        "/toolmesh.mux.v1.MuxService/Calls",
+        request_serializer=mpb.CallsRequest.SerializeToString,
+        response_deserializer=mpb.CallsResponse.FromString,
+    )()
+
+
+async def _answers(call: Any, n: int) -> dict[int, mpb.Reply]:
+    got: dict[int, mpb.Reply] = {}
+    while len(got) < n:
+        message = await asyncio.wait_for(call.read(), 10)
+        for reply in message.replies:
+            got[reply.call_id] = reply
+    return got
+
+
+async def test_bad_calls_on_the_raw_stream_get_clear_answers(
+    served: tuple[grpc.aio.Server, MuxChannel],
+) -> None:
+    _, channel = served
+    call = _raw_stream(channel.inner)
+    echo = f"/{SERVICE}/echo"
+    await call.write(
+        mpb.CallsRequest(
+            calls=[
+                mpb.Call(call_id=1, method="/x/" + "y" * 100_000),
+                mpb.Call(
+                    call_id=2,
+                    method=echo,
+                    metadata=[mpb.MetadataEntry(key="x-big", text="z" * 20_000)],
+                ),
+                mpb.Call(call_id=3, method=echo, request=b"late", timeout_seconds=-1),
+                mpb.Call(call_id=4, method=echo, request=b"nan", timeout_seconds=float("nan")),
+                mpb.Call(call_id=5, method=echo, request=b"inf", timeout_seconds=float("inf")),
+                mpb.Call(call_id=6, method=echo, request=b"a"),
+                mpb.Call(call_id=6, method=echo, request=b"b"),
+                mpb.Call(call_id=99, cancel=True),  # nothing to cancel: ignored
+            ]
+        )
+    )
+    got = await _answers(call, 6)
+    assert got[1].code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert len(got[1].message) < 400  # the name is clipped, not echoed back whole
+    assert got[2].code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert "metadata" in got[2].message
+    assert got[3].code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert (got[4].code, got[4].response) == (0, b"nan")
+    assert (got[5].code, got[5].response) == (0, b"inf")
+    assert got[6].code in (0, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    call.cancel()
+
+
+async def test_a_client_that_floods_the_stream_is_held_back(
+    served: tuple[grpc.aio.Server, MuxChannel],
+    handlers: Handlers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mux, "MAX_CALLS_PER_STREAM", 20)
+    _, channel = served
+    call = _raw_stream(channel.inner)
+    slow = f"/{SERVICE}/slow"
+    for batch in range(5):
+        await call.write(
+            mpb.CallsRequest(
+                calls=[mpb.Call(call_id=batch * 10 + i + 1, method=slow) for i in range(10)]
+            )
+        )
+    await asyncio.sleep(0.5)
+    assert handlers.slow_started == 20  # the server stopped reading at the limit
+    handlers.release.set()
+    got = await _answers(call, 50)  # then it went on, and every call was answered
+    assert all(r.code == 0 and r.response == b"done" for r in got.values())
+    call.cancel()
