@@ -12,10 +12,11 @@ import grpc
 import pytest
 
 from shared import mux
+from shared.auth import ApiKeys, Principal, key_digest
 from shared.errors import FailedPrecondition
 from shared.mux import MAX_FRAME_REQUEST_BYTES, MuxChannel, MuxServicer, MuxServicerContext
 from shared.rpc_errors import from_rpc_error
-from shared.server import HandlerWrapper
+from shared.server import HandlerWrapper, MeshAuth
 from toolmesh.mux.v1 import mux_pb2 as mpb
 from toolmesh.mux.v1 import mux_pb2_grpc
 
@@ -64,8 +65,10 @@ class Handlers:
         return "|".join(f"{k}={v}" for k, v in md if k in ("x-call", "authorization")).encode()
 
 
-async def _server(handlers: Handlers, *, mux: bool = True) -> tuple[grpc.aio.Server, str]:
-    wrapper = HandlerWrapper(False)
+async def _server(
+    handlers: Handlers, *, mux: bool = True, auth: MeshAuth | None = None
+) -> tuple[grpc.aio.Server, str]:
+    wrapper = HandlerWrapper(False, auth=auth)
     table = {
         name: wrapper.wrap(
             f"/{SERVICE}/{name}",
@@ -377,3 +380,35 @@ async def test_a_client_that_floods_the_stream_is_held_back(
     got = await _answers(call, 50)  # then it went on, and every call was answered
     assert all(r.code == 0 and r.response == b"done" for r in got.values())
     call.cancel()
+
+
+async def test_api_keys_are_checked_for_every_call_on_the_stream(handlers: Handlers) -> None:
+    keys = ApiKeys(
+        {
+            key_digest("admin-key"): Principal("ops", "*", admin=True),
+            key_digest("tenant-key"): Principal("a", "tenant-a"),
+        }
+    )
+    server, address = await _server(handlers, auth=MeshAuth(keys, frozenset({"echo"})))
+    keyless = MuxChannel(grpc.aio.insecure_channel(address))
+    tenant = MuxChannel(
+        grpc.aio.insecure_channel(address), (("authorization", "Bearer tenant-key"),)
+    )
+    admin = MuxChannel(grpc.aio.insecure_channel(address), (("authorization", "Bearer admin-key"),))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await method(keyless, "echo")(b"x")
+        assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.aio.AioRpcError) as not_admin:
+            await method(tenant, "echo")(b"x")
+        assert not_admin.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert await method(admin, "echo")(b"x") == b"x"
+        # A key sent with one call does not lift the stream's own.
+        with pytest.raises(grpc.aio.AioRpcError) as still:
+            await method(tenant, "echo")(b"x", metadata=(("authorization", "Bearer admin-key"),))
+        assert still.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert all(isinstance(c, MuxServicerContext) for c in handlers.contexts)
+    finally:
+        for channel in (keyless, tenant, admin):
+            await channel.close()
+        await server.stop(None)
