@@ -74,6 +74,9 @@ REJECTED_INPUT_CHARS = 64 * 1024
 # Registered tool names match [a-zA-Z0-9_-]{1,64} (services/registry/model.py).
 MAX_TOOL_NAME_CHARS = 64
 MAX_CAPABILITIES = 256
+# The calls of one DispatchToolCalls (one assistant turn): they run concurrently, so a batch is
+# bounded like an input is; a model emits a handful.
+MAX_BATCH_CALLS = 1024
 
 
 class RegistryGateway(Protocol):
@@ -405,6 +408,13 @@ class Dispatcher:
         """The calls of one assistant turn: guardrails evaluated in input order, then the calls
         run concurrently; results in input order. A call that fails at the RPC level gets an Err
         result in its own slot."""
+        if len(tool_uses) > MAX_BATCH_CALLS:
+            raise InvalidArgument(
+                f"{len(tool_uses)} tool_uses in one batch; at most {MAX_BATCH_CALLS} run together "
+                "(send the rest in further batches)",
+                reason="BATCH_TOO_LARGE",
+                field_violations=[("tool_uses", "too many")],
+            )
         self.check_identifiers(context, tool_uses)
         seen: set[str] = set()
         for i, tu in enumerate(tool_uses):

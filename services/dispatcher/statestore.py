@@ -263,8 +263,47 @@ class ObservationWrite:
         }
 
 
+# Calls (two columns each) or prior tools (one each) per snapshot statement: SQLite allows 2000
+# result columns and PostgreSQL 1664 target entries, so a batch of many distinct calls is read
+# in several statements of at most ~530 columns each.
+SNAPSHOT_CHUNK = 256
+
+
+def _snapshot_queries(
+    tenant_id: str,
+    conversation_id: str,
+    calls: Sequence[tuple[str, str]],
+    prior_tools: Sequence[str],
+) -> list[_SnapshotQuery]:
+    """The statements of one snapshot: one in the usual case, one per SNAPSHOT_CHUNK calls or
+    prior tools beyond that."""
+    unique_calls = list(dict.fromkeys(calls))
+    unique_prior = list(dict.fromkeys(prior_tools))
+    n = max(1, -(-max(len(unique_calls), len(unique_prior)) // SNAPSHOT_CHUNK))
+    return [
+        _SnapshotQuery(
+            tenant_id,
+            conversation_id,
+            unique_calls[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK],
+            unique_prior[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK],
+        )
+        for i in range(n)
+    ]
+
+
+def _merge(parts: Sequence[Snapshot]) -> Snapshot:
+    """One snapshot from the parts read by several statements (each reads the state row)."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged.failed.update(part.failed)
+        merged.prior_tools |= part.prior_tools
+    return merged
+
+
 class _SnapshotQuery:
-    """The one statement of a snapshot and the parsing of its row."""
+    """One statement of a snapshot and the parsing of its row."""
 
     def __init__(
         self,
@@ -419,8 +458,11 @@ class SqlGuardrailStore:
         """Everything in one statement: the conversation's state row, the attempts of each
         (tool, identity) in `calls`, and whether each of `prior_tools` succeeded earlier in the
         conversation."""
-        query = _SnapshotQuery(tenant_id, conversation_id, calls, prior_tools)
-        return query.parse(self._fetch_one_raw(query.statement, query.params))
+        parts = [
+            query.parse(self._fetch_one_raw(query.statement, query.params))
+            for query in _snapshot_queries(tenant_id, conversation_id, calls, prior_tools)
+        ]
+        return _merge(parts)
 
     def snapshot_now(
         self,
@@ -435,12 +477,15 @@ class SqlGuardrailStore:
         then the caller reads `snapshot` in a thread."""
         if self._loop_db is None:
             return None
-        query = _SnapshotQuery(tenant_id, conversation_id, calls, prior_tools)
+        parts = []
         try:
-            row = self._loop_db.get().execute(query.statement, query.params).fetchone()
+            connection = self._loop_db.get()
+            for query in _snapshot_queries(tenant_id, conversation_id, calls, prior_tools):
+                row = connection.execute(query.statement, query.params).fetchone()
+                parts.append(query.parse(list(row)))
         except sqlite3.Error:
             return None
-        return query.parse(list(row))
+        return _merge(parts)
 
     def _fetch_one_raw(self, statement: str, params: dict[str, Any]) -> list[Any]:
         """One row of a `:name`-parameter statement, on the driver's cursor directly: the

@@ -16,11 +16,12 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.dispatcher.core import Dispatcher
+from services.dispatcher.core import MAX_BATCH_CALLS, Dispatcher
 from services.dispatcher.logstore import SqlCallLog
 from services.dispatcher.statestore import SqlGuardrailStore
 from shared import convert
 from shared.contract import Ok, envelope_to_tool_result
+from shared.errors import InvalidArgument
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.type.v1 import types_pb2 as pb
 
@@ -193,3 +194,25 @@ async def test_a_batch_is_guarded_in_order_and_runs_concurrently(
         if e.tool_use_id == "same3" and e.event_type == "decision"
     )
     assert refused["action"] == "refuse" and refused["refused_by"] == "loop_guard"
+
+
+async def test_a_batch_of_many_distinct_calls_runs_and_is_logged(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    uses = [use(f"m{i}", echo=i) for i in range(MAX_BATCH_CALLS)]
+    outcomes = await a.core.dispatch_many(uses, CTX)
+    assert [kind(o.result) for o in outcomes] == ["ok"] * MAX_BATCH_CALLS
+    page = a.log.page_log(tool_name="sleep", tenant_id="t1", conversation_id="c1", limit=2000)
+    assert len(page.entries) == MAX_BATCH_CALLS
+
+
+async def test_a_batch_over_the_limit_is_refused_before_anything_runs(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, _ = replicas
+    uses = [use(f"x{i}", echo=i) for i in range(MAX_BATCH_CALLS + 1)]
+    with pytest.raises(InvalidArgument) as refused:
+        await a.core.dispatch_many(uses, CTX)
+    assert refused.value.reason == "BATCH_TOO_LARGE"
+    assert a.registry.started == {}

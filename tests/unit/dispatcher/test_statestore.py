@@ -149,6 +149,33 @@ async def test_the_loop_reads_the_same_snapshot_at_once_on_sqlite_only(
     assert now.prior_tools == {"describe_entry"} and now.loop == LoopState(2, "h1", 2)
 
 
+async def test_a_snapshot_of_more_calls_than_one_statement_can_hold_reads_them_all(
+    store: SqlGuardrailStore, log: SqlCallLog, engine: Engine
+) -> None:
+    # 1,500 distinct calls and 700 prior tools: over SQLite's 2000 result columns and
+    # PostgreSQL's 1664 target entries in one statement (before: UNAVAILABLE, "too many
+    # columns in result set").
+    await log.write(record("prior_650"))
+    await log.write(
+        record(
+            "query",
+            success=False,
+            writes=[
+                LoopStateWrite("t1", "c1", LoopState(3, "h1", 1)),
+                FailedApproachWrite("t1", "c1", "query", "h1400", "late in the batch"),
+            ],
+        )
+    )
+    calls = [("query", f"h{i}") for i in range(1500)]
+    prior = [f"prior_{i}" for i in range(700)]
+    snap = store.snapshot("t1", "c1", calls, prior)
+    assert snap.known and snap.loop == LoopState(3, "h1", 1)
+    assert snap.failed == {("query", "h1400"): (1, "late in the batch")}
+    assert snap.prior_tools == {"prior_650"}
+    if engine.dialect.name == "sqlite":
+        assert store.snapshot_now("t1", "c1", calls, prior) == snap
+
+
 async def test_a_loop_state_write_older_than_the_stored_one_changes_nothing(
     store: SqlGuardrailStore, log: SqlCallLog
 ) -> None:
