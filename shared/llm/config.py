@@ -4,6 +4,7 @@ callers take `max_output_tokens` from the config of the role they play."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from shared.convert import has_control
 from shared.db.engine import translate_db_errors
 from shared.db.models import ModelConfigRow
 from shared.errors import InvalidArgument, NotFound, Unavailable
@@ -26,6 +28,10 @@ KNOWN_ROLES = (ROLE_DEFAULT, ROLE_CALL_LLM, ROLE_TOOL_BUILDER, ROLE_TOOL_AUDITOR
 # Providers a model config may name. Only "anthropic" has a client here (create_llm_client_for
 # _role); the others exist so the surface can filter tools by a provider's native capabilities.
 PROVIDERS = ("anthropic", "openai", "openai_responses")
+# A model name fits model_configs.model; a role or capability name is a short identifier.
+MAX_MODEL_CHARS = 128
+MAX_NAME_CHARS = 64
+MAX_NAMES = 64
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,10 @@ class ModelConfig:
         problems: list[tuple[str, str]] = []
         if not self.model.strip():
             problems.append(("model", "must not be empty"))
+        elif len(self.model) > MAX_MODEL_CHARS or has_control(self.model):
+            problems.append(
+                ("model", f"must be at most {MAX_MODEL_CHARS} characters, none of them control")
+            )
         if self.provider not in PROVIDERS:
             problems.append(("provider", f"must be one of {', '.join(PROVIDERS)}"))
         if self.max_output_tokens <= 0:
@@ -56,8 +66,22 @@ class ModelConfig:
             "cache_read_price_per_mtok",
             "cache_write_price_per_mtok",
         ):
-            if getattr(self, name) < 0:
+            price = getattr(self, name)
+            if not math.isfinite(price):
+                problems.append((name, "must be a finite number"))
+            elif price < 0:
                 problems.append((name, "must not be negative"))
+        for name, values in (("roles", self.roles), ("capabilities", self.capabilities)):
+            if len(values) > MAX_NAMES or any(
+                not v.strip() or len(v) > MAX_NAME_CHARS or has_control(v) for v in values
+            ):
+                problems.append(
+                    (
+                        name,
+                        f"must be at most {MAX_NAMES} names of 1 to {MAX_NAME_CHARS} "
+                        "characters, none of them control",
+                    )
+                )
         if problems:
             raise InvalidArgument(
                 f"invalid model config {self.model!r}: "

@@ -109,6 +109,28 @@ def test_model_configs_are_stored_seeded_once_and_validated(sessions) -> None:  
         store.get("nope")
 
 
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"input_price_per_mtok": float("nan")}, "input_price_per_mtok"),  # was INTERNAL
+        ({"output_price_per_mtok": float("inf")}, "output_price_per_mtok"),  # was stored
+        ({"model": "m" * 129}, "model"),
+        ({"model": "claude\x00"}, "model"),
+        ({"roles": ("call_llm", "")}, "roles"),
+        ({"capabilities": frozenset({"web\nsearch"})}, "capabilities"),
+        ({"capabilities": frozenset(f"c{i}" for i in range(65))}, "capabilities"),
+    ],
+)
+def test_a_model_config_with_an_unusable_value_is_refused_naming_the_field(
+    changes: dict[str, object], field: str
+) -> None:
+    fields: dict[str, object] = {"model": "m", "provider": "anthropic", "max_output_tokens": 5}
+    fields.update(changes)
+    with pytest.raises(InvalidArgument) as caught:
+        ModelConfig(**fields).validate()  # type: ignore[arg-type]
+    assert [f for f, _ in caught.value.field_violations] == [field]
+
+
 def test_no_credentials_is_a_failed_precondition_naming_the_variable() -> None:
     with pytest.raises(FailedPrecondition, match="ANTHROPIC_API_KEY"):
         create_llm_client_for_role("call_llm", env={})
