@@ -62,6 +62,9 @@ HINT_KIND_VALUES = {v: k for k, v in HINT_KINDS.items()}
 # The width of the identifier columns (tenant, user, conversation, tool_use, namespace) in every
 # table: PostgreSQL refuses a longer value, and NUL in any text.
 MAX_ID_CHARS = 128
+# A tool's description goes into every prompt that offers the tool: the registry refuses a
+# longer one, and the MCP bridge clips a server's to it.
+MAX_TOOL_DESCRIPTION_CHARS = 32 * 1024
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 

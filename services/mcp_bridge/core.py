@@ -36,6 +36,7 @@ from services.mcp_bridge.naming import (
     implementation_of,
     parse_implementation,
 )
+from shared import convert
 from shared.contract import Envelope, Err
 from shared.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from shared.telemetry.metrics import record_mcp_operation
@@ -78,6 +79,17 @@ class CallOutcome:
 
     envelope: Envelope
     structured: dict[str, Any] | None = None
+
+
+def _description(connection: str, description: str) -> str:
+    """The registered description: `[MCP: conn]` first, clipped to what the registry takes (a
+    server's description goes into every prompt that offers its tool)."""
+    text = f"[MCP: {connection}] {description}".rstrip()
+    limit = convert.MAX_TOOL_DESCRIPTION_CHARS
+    if len(text) <= limit:
+        return text
+    note = f"… (clipped from {len(text)} characters)"
+    return text[: limit - len(note)] + note
 
 
 def validate_config(config: ServerConfig) -> None:
@@ -266,7 +278,7 @@ class McpBridge:
             registrations.append(
                 ToolRegistration(
                     name=name,
-                    description=f"[MCP: {config.name}] {tool.description}".rstrip(),
+                    description=_description(config.name, tool.description),
                     input_schema=tool.input_schema or {"type": "object"},
                     implementation=implementation_of(config.name, tool.name),
                     created_by=config.created_by,

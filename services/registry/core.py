@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import jsonschema
+import referencing.exceptions
 from jsonschema.exceptions import ValidationError
 from opentelemetry.trace import Span, Status, StatusCode
 
@@ -453,7 +454,16 @@ class Registry:
                 )
             validator = cls(tool.input_schema)
             self._validators[key] = validator
-        errors = sorted(validator.iter_errors(inputs), key=lambda e: (len(e.path), str(e.path)))
+        try:
+            found = list(validator.iter_errors(inputs))
+        except referencing.exceptions.Unresolvable as exc:  # an MCP server's dangling $ref
+            logger.error("tool %s has an unresolvable $ref in its input_schema: %s", tool.name, exc)
+            return Hint(
+                "schema",
+                f"tool {tool.name!r} has an invalid input schema: its reference "
+                f"{convert.clip(str(exc.ref), 100)!r} cannot be resolved",
+            )
+        errors = sorted(found, key=lambda e: (len(e.path), str(e.path)))
         if not errors:
             return None
         props = list((tool.input_schema.get("properties") or {}).keys())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import os
 import re
 import socket
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.registry.context import ToolContext
 from services.registry.core import Registry
 from services.registry.model import NAME_PATTERN, ToolDef
+from services.registry.schema_check import schema_problem
 from shared import convert, schema_regex
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
@@ -27,6 +28,8 @@ from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 _NAME_RE = re.compile(NAME_PATTERN)
+# A tool's own timeout: at most a day (0: the dispatcher's default).
+MAX_TIMEOUT_S = 86_400.0
 
 
 def context_from_pb(m: pb.CallContext, tool_name: str) -> ToolContext:
@@ -118,10 +121,31 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
         schema = convert.parse_json_object(m.input_schema_json or "{}", "input_schema_json")
     except InvalidArgument as exc:
         violations.extend(exc.field_violations)
-    # An MCP server's schema is taken as it is (a pattern RE2 cannot run is not enforced).
-    problem = schema_regex.pattern_problem(schema) if tool_type == "custom" else None
-    if problem is not None:
-        violations.append(("input_schema_json", problem))
+    # An MCP server's schema is taken as it is (a pattern RE2 cannot run is not enforced; an
+    # unusable schema answers each call with a schema Hint saying so).
+    if tool_type == "custom" and schema:
+        problem = schema_problem(schema) or schema_regex.pattern_problem(schema)
+        if problem is not None:
+            violations.append(("input_schema_json", problem))
+    if len(m.description) > convert.MAX_TOOL_DESCRIPTION_CHARS:
+        violations.append(
+            (
+                "description",
+                f"is {len(m.description)} characters, over {convert.MAX_TOOL_DESCRIPTION_CHARS}",
+            )
+        )
+    timeout = m.timeout_seconds
+    if not math.isfinite(timeout) or timeout < 0 or timeout > MAX_TIMEOUT_S:
+        violations.append(
+            ("timeout_seconds", f"must be between 0 (the default) and {MAX_TIMEOUT_S:g} seconds")
+        )
+    if m.handler_path:
+        violations.append(("handler_path", "is for system tools, which are seeded from code"))
+    test_results: dict[str, Any] | None = None
+    try:
+        test_results = convert.parse_json_object(m.test_results_json, "test_results_json") or None
+    except InvalidArgument as exc:
+        violations.extend(exc.field_violations)
     if violations:
         raise InvalidArgument(
             f"invalid tool definition {m.name!r}: " + "; ".join(f"{f} {d}" for f, d in violations),
@@ -146,7 +170,7 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
         tenant_id=m.tenant_id or "*",
         created_by=m.created_by or tool_type,
         rejection_reason=m.rejection_reason or None,
-        test_results=json.loads(m.test_results_json) if m.test_results_json else None,
+        test_results=test_results,
         required_capabilities=list(m.required_capabilities),
         timeout_seconds=m.timeout_seconds or None,
         definition_hash=m.definition_hash or None,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.mcp_bridge.model import ServerConfig
 from services.mcp_bridge.store import SqlConnectionStore
 from services.registry.repository import SqlToolRepository
+from shared import convert
 from shared.contract import Err, Ok
 from shared.errors import (
     AlreadyExists,
@@ -303,3 +304,18 @@ async def test_without_the_mcp_sdk_connect_says_what_to_install(
         await bridge.connect(raw_config())
     assert caught.value.reason == "MCP_SDK_MISSING"
     assert "pip install" in caught.value.message
+
+
+async def test_a_servers_oversized_description_is_clipped_to_what_the_registry_takes(
+    make_bridge: BridgeFactory, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    wordy = {"name": "wordy", "description": "w" * 100_000, "inputSchema": {"type": "object"}}
+    inventory.write_text(json.dumps([wordy]))
+    bridge = make_bridge(sessions)
+    await bridge.connect(raw_config("inv", "--inventory", str(inventory)))
+    tool = SqlToolRepository(sessions).get("mcp_inv_wordy")
+    assert tool is not None
+    assert len(tool.description) == convert.MAX_TOOL_DESCRIPTION_CHARS
+    assert tool.description.startswith("[MCP: inv] www")
+    assert tool.description.endswith("(clipped from 100011 characters)")

@@ -258,3 +258,16 @@ async def test_runaway_composition_stops_at_the_depth_limit(registry: Registry) 
     result = (await registry.execute("ping", {}, ctx())).result
     assert isinstance(result.envelope, Err)
     assert result.envelope.err_kind == "max_depth_exceeded"
+
+
+async def test_a_stored_schema_with_a_dangling_reference_answers_a_schema_hint(
+    registry: Registry,
+) -> None:
+    # An MCP server's schema is stored as sent; a $ref it cannot resolve used to raise out of
+    # validation on every call (INTERNAL).
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    registry.repo.upsert([custom("dangling", input_schema=schema, tool_type="mcp")])
+    result = (await registry.execute("dangling", {"a": 1}, ctx())).result
+    assert isinstance(result.envelope, Hint)
+    assert result.envelope.hint_kind == "schema"
+    assert "cannot be resolved" in result.envelope.message
