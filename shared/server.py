@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from shared.auth import ApiKeys
 from shared.errors import Internal, ToolmeshError
 from shared.mux import MuxServicer
-from shared.rpc_errors import to_status_code, trailing_metadata
+from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
 from shared.telemetry.tracing import current_trace_id, extract_context, tracer
 from toolmesh.mux.v1 import mux_pb2, mux_pb2_grpc
@@ -201,7 +201,7 @@ async def _abort(
     span.set_attribute("rpc.grpc.status_code", code.value[0])
     span.set_attribute("error.type", error.reason)
     span.set_status(Status(StatusCode.ERROR, error.message))
-    await context.abort(code, error.message, trailing_metadata=trailing_metadata(error))
+    await context.abort(code, status_message(error), trailing_metadata=trailing_metadata(error))
 
 
 def _is_abort(exc: Exception) -> bool:
