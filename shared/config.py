@@ -129,6 +129,9 @@ class Settings:
                         the only directories load_dataset may read.
     tool_timeout_s      TOOLMESH_TOOL_TIMEOUT_S, default 300 — per-call timeout.
     max_input_bytes     TOOLMESH_MAX_INPUT_BYTES, default 4 MiB — largest accepted tool input.
+    max_dataset_bytes   TOOLMESH_MAX_DATASET_BYTES, default 128 MiB — the most load_dataset reads
+                        from one file (after decompression; for Parquet, its uncompressed size)
+                        and the largest result query keeps for save_as.
     tool_cache_ttl_s    TOOLMESH_TOOL_CACHE_TTL_S, default 2 — registry definition cache.
     tracing             TOOLMESH_TRACING, default on — OpenTelemetry spans on every hop.
     otlp_endpoint       OTEL_EXPORTER_OTLP_ENDPOINT (standard); empty exports nothing.
@@ -199,6 +202,7 @@ class Settings:
     data_roots: tuple[Path, ...] = ()
     tool_timeout_s: float = 300.0
     max_input_bytes: int = 4 * 1024 * 1024
+    max_dataset_bytes: int = 128 * 1024 * 1024
     tool_cache_ttl_s: float = 2.0
     tracing: bool = True
     otlp_endpoint: str = ""
@@ -268,6 +272,7 @@ class Settings:
             data_roots=roots,
             tool_timeout_s=_float(env, "TOOLMESH_TOOL_TIMEOUT_S", 300.0),
             max_input_bytes=_int(env, "TOOLMESH_MAX_INPUT_BYTES", 4 * 1024 * 1024),
+            max_dataset_bytes=_int(env, "TOOLMESH_MAX_DATASET_BYTES", 128 * 1024 * 1024),
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),
             otlp_endpoint=_endpoint(env, "OTEL_EXPORTER_OTLP_ENDPOINT"),

@@ -10,17 +10,24 @@ the envelope — a Hint rather than a raised HintException)."""
 
 from __future__ import annotations
 
+import bz2
 import difflib
 import functools
+import gzip
+import io
 import logging
+import lzma
 import os
 import re
+import stat
 import threading
 import unicodedata
+import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import duckdb
 import pandas as pd
@@ -29,6 +36,7 @@ import pyarrow.parquet as pq
 
 from services.registry.context import DatasetInfo, ToolContext
 from services.registry.datasets import dataframe_to_arrow, unique_names
+from shared.config import Settings
 from shared.contract import (
     Alternative,
     ColumnSpec,
@@ -42,6 +50,7 @@ from shared.contract import (
     migrate_tool,
     uniform_contract,
 )
+from shared.convert import clip
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,8 @@ QUERY_DEFAULT_LIMIT = 1000
 QUERY_MAX_LIMIT = 10_000
 QUERY_TIMEOUT_CAP_S = 60.0
 QUERY_BATCH_ROWS = 8192
+# The most a query returns without save_as (its rows travel in the result and the event log).
+QUERY_MAX_RESULT_BYTES = 16 * 1024 * 1024
 DUCKDB_CONFIG: dict[str, Any] = {
     "enable_external_access": False,
     "threads": 2,
@@ -72,6 +83,24 @@ COMPRESSION_SUFFIXES = frozenset({".gz", ".bz2", ".zip", ".xz", ".zst"})
 DELIMITER_ALIASES = {"\\t": "\t", "tab": "\t", "\\|": "|"}
 MAX_MESSAGE_LINES = 6
 MAX_MESSAGE_CHARS = 800
+MAX_PATH_ECHO_CHARS = 200
+# A header cell longer than this is not a column name: the file has no line breaks, or is not
+# text (its "header" would be the whole file, in every schema line the model reads).
+MAX_COLUMN_NAME_CHARS = 1024
+READ_CHUNK_BYTES = 1 << 20
+PARQUET_BATCH_ROWS = 65_536
+# Bytes sampled from the start of a CSV to recognise a UTF-16/32 file without a byte order mark.
+ENCODING_SAMPLE_BYTES = 4096
+# Tried in order when the file has no byte order mark: cp1252 is what "not UTF-8" usually is
+# (its € and curly quotes are C1 controls in Latin-1), Latin-1 decodes any byte sequence.
+FALLBACK_ENCODINGS = ("utf-8", "cp1252", "latin-1")
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32"),
+    (b"\x00\x00\xfe\xff", "utf-32"),
+    (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xff\xfe", "utf-16"),
+    (b"\xfe\xff", "utf-16"),
+)
 
 FileFormat = Literal["csv", "parquet"]
 
@@ -86,6 +115,15 @@ class QueryPermissionDenied(Exception):
 
 class QueryTimeout(Exception):
     """The query ran past its time limit and was interrupted."""
+
+
+class DatasetTooLarge(Exception):
+    """A file (or a query result to save) is over the configured dataset size limit
+    (TOOLMESH_MAX_DATASET_BYTES)."""
+
+
+class QueryResultTooLarge(Exception):
+    """The query's result could not be materialised (a batch over Arrow's or memory's limits)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,6 +298,33 @@ def _load_named(context: ToolContext, name: str) -> tuple[str, pd.DataFrame]:
 # load_dataset
 
 
+def _max_dataset_bytes(context: ToolContext) -> int:
+    if context.settings is None:
+        return Settings.max_dataset_bytes
+    return context.settings.max_dataset_bytes
+
+
+def _arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
+    """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text."""
+    try:
+        return table.to_pandas()
+    except pa.ArrowNotImplementedError:
+        pass
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        try:
+            pa.table({"c": column}).to_pandas()
+        except pa.ArrowNotImplementedError:
+            logger.info(
+                "column %r of type %s has no pandas type; kept as text", field.name, field.type
+            )
+            column = pa.array(
+                [None if v is None else str(v) for v in column.to_pylist()], type=pa.string()
+            )
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=table.column_names).to_pandas()
+
+
 def _data_roots(context: ToolContext) -> list[Path]:
     if context.settings is None:
         raise RuntimeError("load_dataset needs settings (data_roots) in its context")
@@ -281,11 +346,23 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
+def _shown(raw: str) -> str:
+    """A path as quoted back in a message: clipped (a path may be megabytes of input)."""
+    return repr(clip(raw, MAX_PATH_ECHO_CHARS))
+
+
 def _resolve(path: Path, raw: str) -> Path:
     try:
         return path.resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # symlink loop, NUL byte, …
-        raise HintException("schema", f"path {raw!r} cannot be resolved: {exc}") from exc
+        raise HintException("schema", f"path {_shown(raw)} cannot be resolved: {exc}") from exc
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long, a component that is not a directory, …
+        return False
 
 
 def _resolve_input_path(raw: str, roots: Sequence[Path]) -> Path:
@@ -299,21 +376,81 @@ def _resolve_input_path(raw: str, roots: Sequence[Path]) -> Path:
         resolved = _resolve(candidate, raw)
     else:
         resolved = _resolve(roots[0] / candidate, raw)
-        if not resolved.exists():
+        if not _exists(resolved):
             for root in roots[1:]:
                 other = _resolve(root / candidate, raw)
-                if other.exists() and _inside(other, roots):
+                if _exists(other) and _inside(other, roots):
                     resolved = other
                     break
     if not _inside(resolved, roots):
-        allowed = ", ".join(str(root) for root in roots)
-        logger.warning("load_dataset refused %r: resolves outside the data roots", raw)
-        raise PathOutsideDataRoots(
-            f"refused to read {raw!r}: it resolves outside the allowed data directories "
-            f"({allowed}); load_dataset only reads files inside them (symlinks are followed "
-            "before checking)"
-        )
+        logger.warning("load_dataset refused %r: resolves outside the data roots", raw[:1000])
+        raise _outside(raw, roots)
     return resolved
+
+
+def _outside(raw: str, roots: Sequence[Path]) -> PathOutsideDataRoots:
+    allowed = ", ".join(str(root) for root in roots)
+    return PathOutsideDataRoots(
+        f"refused to read {_shown(raw)}: it resolves outside the allowed data directories "
+        f"({allowed}); load_dataset only reads files inside them (symlinks are followed "
+        "before checking)"
+    )
+
+
+def _opened_path(fd: int, fallback: Path) -> Path:
+    """The path of the file `fd` is open on (Linux's /proc/self/fd), else `fallback`."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return fallback
+
+
+def _open_regular(path: Path, raw: str, roots: Sequence[Path]) -> IO[bytes]:
+    """`path` opened once for reading, and only if it is a regular file inside the roots.
+
+    The check and the read are on the same open file: O_NOFOLLOW refuses a last component
+    swapped for a symlink since it was resolved, and the file actually opened is checked
+    against the roots again. O_NONBLOCK makes opening a named pipe return at once (it would
+    otherwise wait for a writer, holding a worker thread forever); fstat then refuses it, a
+    socket or a device (/dev/zero never ends) before a byte is read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise HintException(
+            "schema",
+            f"{_shown(raw)} does not exist in the data directories",
+            _file_alternatives(raw, roots),
+        ) from None
+    except OSError as exc:
+        raise HintException(
+            "schema",
+            f"{_shown(raw)} cannot be opened: {exc.strerror or exc}",
+            _file_alternatives(raw, roots),
+        ) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise HintException(
+                "schema",
+                f"{_shown(raw)} is a directory, not a file in the data directories",
+                _file_alternatives(raw, roots),
+            )
+        if not stat.S_ISREG(mode):
+            raise HintException(
+                "schema",
+                f"{_shown(raw)} is not a regular file (a named pipe, socket or device); "
+                "load_dataset reads CSV and Parquet files only",
+                _file_alternatives(raw, roots),
+            )
+        opened = _opened_path(fd, path)
+        if not _inside(opened, roots):
+            logger.warning("load_dataset refused %r: opened %s, outside the roots", raw, opened)
+            raise _outside(raw, roots)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _format_suffixes(path: Path) -> list[str]:
@@ -352,7 +489,7 @@ def _walk_files(roots: Sequence[Path], limit: int = MAX_WALK_FILES) -> list[Path
                 if filename.startswith("."):
                     continue
                 path = Path(dirpath) / filename
-                if _supported(path):
+                if _supported(path) and path.is_file():
                     found.append(path)
                     if len(found) >= limit:
                         return found
@@ -428,45 +565,235 @@ def _delimiter(raw: str | None, path: Path) -> str:
     return value
 
 
-def _read_csv(path: Path, delimiter: str, warnings: list[Warning]) -> pd.DataFrame:
-    shown = "\\t" if delimiter == "\t" else delimiter
-    for encoding in ("utf-8", "latin-1"):
-        try:
-            df = pd.read_csv(path, sep=delimiter, encoding=encoding, low_memory=False)
-        except UnicodeDecodeError:
-            continue  # retried as Latin-1, which decodes any byte sequence
-        except pd.errors.EmptyDataError as exc:
-            raise HintException(
-                "schema", f"{path.name!r} is empty: there is no header row to read"
-            ) from exc
-        except (pd.errors.ParserError, ValueError) as exc:
+class _BoundedReader(io.RawIOBase):
+    """A byte stream that raises DatasetTooLarge once more than `limit` bytes were read from
+    it: the bound on what a (possibly compressed) file may expand to in memory."""
+
+    def __init__(self, source: Any, limit: int, name: str) -> None:
+        super().__init__()
+        self._source = source
+        self._limit = limit
+        self._name = name
+        self._count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(min(len(buffer), READ_CHUNK_BYTES))
+        size = len(data)
+        self._count += size
+        if self._count > self._limit:
+            raise _too_large(self._name, f"more than {self._limit} bytes", self._limit)
+        buffer[:size] = data
+        return size
+
+
+def _too_large(name: str, what: str, limit: int) -> DatasetTooLarge:
+    return DatasetTooLarge(
+        f"{name!r} is too large to load: {what}, over the limit of {limit / 2**20:g} MiB "
+        "(TOOLMESH_MAX_DATASET_BYTES); load a smaller extract of it"
+    )
+
+
+# What a corrupt or truncated compressed file raises while it is decompressed.
+_DECOMPRESSION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,  # gzip.BadGzipFile, bz2's "Invalid data stream", pyarrow's IOError
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    zipfile.BadZipFile,
+    pa.ArrowException,
+)
+
+
+class _Borrowed(io.RawIOBase):
+    """`raw` for a reader that closes what it is given (pyarrow's PythonFile): closing this
+    leaves `raw` open for the next attempt."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__()
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._raw.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _decompressing(raw: IO[bytes], path: Path) -> Any:
+    """A reader of `raw`'s decompressed bytes, by the last suffix of `path`."""
+    suffix = path.suffixes[-1].lower() if path.suffixes else ""
+    if suffix == ".gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if suffix == ".bz2":
+        return bz2.BZ2File(raw)
+    if suffix == ".xz":
+        return lzma.LZMAFile(raw)
+    if suffix == ".zst":  # pyarrow's codec: no zstandard package needed
+        return pa.CompressedInputStream(pa.PythonFile(_Borrowed(raw), mode="r"), "zstd")
+    if suffix == ".zip":
+        archive = zipfile.ZipFile(raw)
+        members = [info for info in archive.infolist() if not info.is_dir()]
+        if len(members) != 1:
+            listed = ", ".join(clip(info.filename, 80) for info in members[:5])
             raise HintException(
                 "schema",
-                f"could not parse {path.name!r} as CSV with delimiter {shown!r}: "
-                f"{_first_lines(exc)}; if the file uses another separator pass delimiter, "
-                "or format='parquet' if it is Parquet",
-                [{"label": d, "score": 0.5} for d in (",", ";", "\\t", "|") if d != shown],
-            ) from exc
-        df = _parse_iso_dates(df)
-        if encoding != "utf-8":
-            warnings.append(
-                Warning(kind="encoding", message="the file is not valid UTF-8; read as Latin-1")
+                f"{path.name!r} holds {len(members)} files"
+                + (f" ({listed})" if members else "")
+                + "; load_dataset reads a ZIP archive of exactly one CSV file",
             )
-        mangled = [
-            str(c)
-            for c in df.columns
-            if (m := re.fullmatch(r"(.+)\.(\d+)", str(c))) and m.group(1) in df.columns
-        ]
-        if mangled:
-            warnings.append(
-                Warning(
-                    kind="duplicate_columns",
-                    message="duplicate column names were renamed: " + ", ".join(mangled),
-                    details={"renamed": mangled},
-                )
-            )
+        return archive.open(members[0])
+    return raw
+
+
+def _sniff_encodings(sample: bytes) -> tuple[str, ...]:
+    """The encodings to try, in order, for a CSV that starts with `sample`: the one its byte
+    order mark names, UTF-16 when every other byte is NUL (ASCII text in UTF-16 without a
+    BOM), else UTF-8 then the 8-bit fallbacks."""
+    for bom, encoding in _BOMS:
+        if sample.startswith(bom):
+            return (encoding, *FALLBACK_ENCODINGS[1:])  # a bad BOM falls back to 8 bits
+    if len(sample) >= 4:
+        even, odd = sample[0::2], sample[1::2]
+        if odd.count(0) > 0.4 * len(odd) and even.count(0) < 0.1 * len(even):
+            return ("utf-16-le", *FALLBACK_ENCODINGS)
+        if even.count(0) > 0.4 * len(even) and odd.count(0) < 0.1 * len(odd):
+            return ("utf-16-be", *FALLBACK_ENCODINGS)
+    return FALLBACK_ENCODINGS
+
+
+def _without_implicit_index(df: pd.DataFrame, name: str, warnings: list[Warning]) -> pd.DataFrame:
+    """Undo pandas' guess that rows with more fields than the header start with an index: it
+    would shift every value one column to the left of its name and drop the first field. A
+    trailing delimiter on every row (the extra fields all empty) is dropped with a warning;
+    other extra fields are a schema Hint. (An implicit index that happens to be 0, 1, 2, … is
+    indistinguishable from pandas' default one, and is not caught.)"""
+    index = df.index
+    if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1:
         return df
-    raise AssertionError("unreachable: Latin-1 decodes every byte")  # pragma: no cover
+    header = list(df.columns)
+    extra = df.index.nlevels
+    flat = df.reset_index(allow_duplicates=True)
+    trailing = flat.iloc[:, len(header) :]
+    if not trailing.isna().all().all():
+        raise HintException(
+            "schema",
+            f"the data rows of {name!r} have {len(header) + extra} fields but the header names "
+            f"{len(header)}; fix the header, or pass delimiter if the file uses another "
+            "separator",
+        )
+    fixed = flat.iloc[:, : len(header)]
+    fixed.columns = pd.Index(header)
+    warnings.append(
+        Warning(
+            kind="trailing_delimiter",
+            message="the rows end with an extra empty field (a trailing delimiter); dropped",
+        )
+    )
+    return fixed
+
+
+def _huge_integers_as_text(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Columns of integers beyond 64 bits (pandas keeps them as Python ints, which Arrow cannot
+    store) as exact text, with a warning."""
+    converted = []
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if col.dtype != object:
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, int) for v in values):
+            continue
+        df.isetitem(position, pd.array([None if pd.isna(v) else str(v) for v in col], dtype="str"))
+        converted.append(str(df.columns[position]))
+    if converted:
+        warnings.append(
+            Warning(
+                kind="big_integers",
+                message="integers too large for 64 bits are kept as text in: "
+                + ", ".join(converted),
+                details={"columns": converted},
+            )
+        )
+    return df
+
+
+def _check_column_names(df: pd.DataFrame, name: str) -> None:
+    longest = max((len(str(c)) for c in df.columns), default=0)
+    if longest > MAX_COLUMN_NAME_CHARS:
+        raise HintException(
+            "schema",
+            f"the header of {name!r} has a column name of {longest} characters (at most "
+            f"{MAX_COLUMN_NAME_CHARS}): the file has no line breaks or is not a CSV with a "
+            "header row; pass delimiter if it uses another separator",
+        )
+
+
+def _read_csv(
+    opened: IO[bytes], path: Path, delimiter: str, limit: int, warnings: list[Warning]
+) -> pd.DataFrame:
+    shown = "\\t" if delimiter == "\t" else delimiter
+
+    def stream() -> IO[bytes]:
+        opened.seek(0)
+        bounded = _BoundedReader(_decompressing(opened, path), limit, path.name)
+        return io.BufferedReader(bounded, READ_CHUNK_BYTES)
+
+    try:
+        encodings = _sniff_encodings(stream().read(ENCODING_SAMPLE_BYTES))
+        for encoding in encodings:
+            try:
+                df = pd.read_csv(stream(), sep=delimiter, encoding=encoding, low_memory=False)
+            except UnicodeError:
+                continue  # the next encoding; Latin-1, the last, decodes any byte sequence
+            break
+        else:  # pragma: no cover - Latin-1 decodes every byte
+            raise AssertionError("unreachable: Latin-1 decodes every byte")
+    except pd.errors.EmptyDataError as exc:
+        raise HintException(
+            "schema", f"{path.name!r} is empty: there is no header row to read"
+        ) from exc
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise HintException(
+            "schema",
+            f"could not parse {path.name!r} as CSV with delimiter {shown!r}: "
+            f"{_first_lines(exc)}; if the file uses another separator pass delimiter, "
+            "or format='parquet' if it is Parquet",
+            [{"label": d, "score": 0.5} for d in (",", ";", "\\t", "|") if d != shown],
+        ) from exc
+    except _DECOMPRESSION_ERRORS as exc:
+        raise HintException(
+            "schema",
+            f"could not read {path.name!r}: {_first_lines(exc) or type(exc).__name__}; the "
+            "file is corrupt or truncated, or not compressed the way its extension says",
+        ) from exc
+    _check_column_names(df, path.name)
+    df = _without_implicit_index(df, path.name, warnings)
+    df = _huge_integers_as_text(df, warnings)
+    df = _parse_iso_dates(df)
+    if encoding in ("cp1252", "latin-1"):
+        label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
+        warnings.append(
+            Warning(kind="encoding", message=f"the file is not valid UTF-8; read as {label}")
+        )
+    mangled = [
+        str(c)
+        for c in df.columns
+        if (m := re.fullmatch(r"(.+)\.(\d+)", str(c))) and m.group(1) in df.columns
+    ]
+    if mangled:
+        warnings.append(
+            Warning(
+                kind="duplicate_columns",
+                message="duplicate column names were renamed: " + ", ".join(mangled),
+                details={"renamed": mangled},
+            )
+        )
+    return df
 
 
 _ISO_DATETIME_RE = (
@@ -494,14 +821,33 @@ def _parse_iso_dates(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _read_parquet(path: Path, warnings: list[Warning]) -> pd.DataFrame:
+def _read_parquet(
+    opened: IO[bytes], path: Path, limit: int, warnings: list[Warning]
+) -> pd.DataFrame:
+    """The Parquet file as a DataFrame. Refused when its footer says it decodes to more than
+    `limit` bytes (encoded sizes, or rows × width for fixed-width columns: run-length encoded
+    zeros take no space on disk), or when the batches read so far reach it."""
     try:
-        table = pq.read_table(path)
-    except pa.ArrowInvalid as exc:
+        parquet = pq.ParquetFile(opened)
+        estimate = _parquet_size_estimate(parquet)
+        if estimate > limit:
+            raise _too_large(path.name, f"about {estimate} bytes decoded", limit)
+        batches: list[pa.RecordBatch] = []
+        size = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            size += batch.nbytes
+            if size > limit:
+                raise _too_large(path.name, f"more than {size} bytes decoded", limit)
+            batches.append(batch)
+        schema = batches[0].schema if batches else parquet.schema_arrow
+        table = pa.Table.from_batches(batches, schema=schema).replace_schema_metadata(
+            parquet.schema_arrow.metadata
+        )
+    except (pa.ArrowException, OSError) as exc:  # not Parquet, truncated, a corrupt page
         raise HintException(
             "schema",
-            f"could not read {path.name!r} as Parquet: {_first_lines(exc)}; pass format='csv' "
-            "if it is a CSV file",
+            f"could not read {path.name!r} as Parquet: {_first_lines(exc)}; the file is corrupt "
+            "or truncated, or not Parquet (pass format='csv' if it is a CSV file)",
         ) from exc
     names = unique_names(table.column_names)
     if names != table.column_names:
@@ -514,7 +860,22 @@ def _read_parquet(path: Path, warnings: list[Warning]) -> pd.DataFrame:
                 details={"renamed": renamed},
             )
         )
-    return table.to_pandas()
+    return _arrow_to_pandas(table)
+
+
+def _parquet_size_estimate(parquet: pq.ParquetFile) -> int:
+    """A lower bound of the bytes the file decodes to, from its footer alone."""
+    meta = parquet.metadata
+    widths = [
+        (field.type.bit_width + 7) // 8 if pa.types.is_primitive(field.type) else 0
+        for field in parquet.schema_arrow
+    ]
+    total = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        fixed = group.num_rows * sum(widths)
+        total += max(group.total_byte_size, fixed)
+    return total
 
 
 def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
@@ -527,21 +888,19 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         _check_identifier(explicit_name, "name")
 
     roots = _data_roots(context)
-    path = _resolve_input_path(raw_path, roots)  # refuses before anything is read
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise HintException(
-            "schema",
-            f"{raw_path!r} {what} in the data directories",
-            _file_alternatives(raw_path, roots),
-        )
-    file_format = _detect_format(path, requested_format.lower())
+    limit = _max_dataset_bytes(context)
+    path = _resolve_input_path(raw_path, roots)  # refuses before anything is opened
 
     warnings: list[Warning] = []
-    if file_format == "csv":
-        df = _read_csv(path, _delimiter(raw_delimiter, path), warnings)
-    else:
-        df = _read_parquet(path, warnings)
+    with _open_regular(path, raw_path, roots) as opened:
+        file_format = _detect_format(path, requested_format.lower())
+        size = os.fstat(opened.fileno()).st_size
+        if size > limit:
+            raise _too_large(path.name, f"{size} bytes", limit)
+        if file_format == "csv":
+            df = _read_csv(opened, path, _delimiter(raw_delimiter, path), limit, warnings)
+        else:
+            df = _read_parquet(opened, path, limit, warnings)
 
     stem = _file_stem(path)
     name = explicit_name if explicit_name is not None else sanitize_identifier(stem)
@@ -557,7 +916,10 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         warnings.append(Warning(kind="replaced", message=f"replaced the existing dataset {name!r}"))
     context.save_dataset(name, df, source=str(path))
     logger.info("loaded %s as dataset %r (%d rows)", path, name, len(df))
-    return _ok(Ok(rows=len(df), schema=measure_schema(df), data=df, warnings=warnings))
+    # The first rows only: the dataset is stored, and the whole of it in the result would
+    # travel to the caller and into the conversation's event log.
+    preview = df.iloc[:PREVIEW_DEFAULT_LIMIT]
+    return _ok(Ok(rows=len(df), schema=measure_schema(df), data=preview, warnings=warnings))
 
 
 migrate_tool(load_dataset, "load_dataset", is_tabular=True)
@@ -676,7 +1038,10 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
             "per call",
             [{"label": "one SELECT per query call", "score": 1.0, "action": "narrow"}],
         )
-    kind = str(statements[0].type.name)
+    try:
+        kind = str(statements[0].type.name)
+    except ValueError:  # a statement type this duckdb's Python enum lacks (UPDATE EXTENSIONS)
+        kind = "UNKNOWN"
     if kind not in READ_STATEMENT_TYPES:
         advice = _REFUSAL_ADVICE.get(
             kind, ("a single SELECT over the conversation's datasets, with save_as to keep it",)
@@ -812,23 +1177,48 @@ def _query_timeout(context: ToolContext) -> float:
 
 
 def _execute(
-    con: duckdb.DuckDBPyConnection, sql: str, limit: int, keep_all: bool
+    con: duckdb.DuckDBPyConnection, sql: str, limit: int, save_limit: int | None
 ) -> tuple[pa.Table, int]:
-    """Run `sql`; the kept rows (all when keep_all, else at least the first `limit`) and the
-    true row count, streamed so the rows past `limit` are counted without being kept."""
+    """Run `sql`; the kept rows and the true row count, streamed so the rows past what is kept
+    are counted without being held. Without save_limit at most the first `limit` rows and about
+    QUERY_MAX_RESULT_BYTES are kept; with it every row is, and a result over save_limit bytes
+    is a fetch Hint."""
     relation = con.sql(sql)
     if relation is None:  # a statement that returned nothing
         return pa.table({}), 0
     reader = relation.to_arrow_reader(QUERY_BATCH_ROWS)
     kept: list[pa.RecordBatch] = []
     kept_rows = 0
+    kept_bytes = 0
     total = 0
     for batch in reader:
         total += batch.num_rows
-        if keep_all or kept_rows < limit:
+        if save_limit is not None:
+            kept_bytes += batch.nbytes
+            if kept_bytes > save_limit:
+                raise HintException(
+                    "fetch",
+                    f"the result is over {save_limit / 2**20:g} MiB, more than a dataset may "
+                    "hold (TOOLMESH_MAX_DATASET_BYTES), so it cannot be saved; aggregate, "
+                    "filter or select fewer columns",
+                    [{"label": "an aggregate or a WHERE", "score": 1.0, "action": "narrow"}],
+                )
+            kept.append(batch)
+        elif kept_rows < limit and kept_bytes < QUERY_MAX_RESULT_BYTES:
             kept.append(batch)
             kept_rows += batch.num_rows
-    return pa.Table.from_batches(kept, schema=reader.schema), total
+            kept_bytes += batch.nbytes
+    table = pa.Table.from_batches(kept, schema=reader.schema)
+    if save_limit is None:
+        table = table.slice(0, min(limit, _rows_within(table, QUERY_MAX_RESULT_BYTES)))
+    return table, total
+
+
+def _rows_within(table: pa.Table, budget: int) -> int:
+    """How many of `table`'s first rows fit in about `budget` bytes (at least one)."""
+    if table.nbytes <= budget or table.num_rows <= 1:
+        return table.num_rows
+    return max(1, table.num_rows * budget // table.nbytes)
 
 
 def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
@@ -848,6 +1238,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         _check_identifier(save_as, "save_as")
 
     timeout_s = _query_timeout(context)
+    save_limit = _max_dataset_bytes(context) if save_as is not None else None
     con = duckdb.connect(":memory:", config=dict(DUCKDB_CONFIG))
     try:
         _check_read_only(con, sql)  # before any dataset is loaded
@@ -862,7 +1253,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         con.execute("SET lock_configuration = true")
         with _Watchdog(con, timeout_s) as watchdog:
             try:
-                table, total = _execute(con, sql, limit, keep_all=save_as is not None)
+                table, total = _execute(con, sql, limit, save_limit)
             except duckdb.InterruptException as exc:
                 if watchdog.fired:
                     raise QueryTimeout(
@@ -870,6 +1261,13 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
                         "narrow it (filter, aggregate, fewer joins)"
                     ) from exc
                 raise
+            except (duckdb.OutOfMemoryException, pa.ArrowMemoryError, OSError) as exc:
+                # OSError: DuckDB's Arrow export of a batch over 2 GiB of text, and the like.
+                raise QueryResultTooLarge(
+                    "the query's result could not be held in memory: "
+                    f"{(_first_lines(exc).splitlines() or [type(exc).__name__])[0]}; "
+                    "aggregate, filter or select fewer or shorter columns"
+                ) from exc
             except duckdb.PermissionException as exc:
                 raise QueryPermissionDenied(
                     f"{_first_lines(exc)} (query has no file or system access; load files "
@@ -901,9 +1299,10 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
                 message="the result repeats column names; renamed to " + ", ".join(names),
             )
         )
-    full = table.to_pandas()
-    truncated = total > limit
-    returned = full.iloc[:limit] if truncated else full
+    full = _arrow_to_pandas(table)
+    shown = min(limit, _rows_within(table, QUERY_MAX_RESULT_BYTES))
+    truncated = total > shown
+    returned = full.iloc[:shown] if truncated else full
 
     if save_as is not None:
         if any(info.name == save_as for info in infos):
@@ -915,14 +1314,17 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
 
     if truncated:
         saved = f"; the full result is saved as {save_as!r}" if save_as is not None else ""
+        advice = (
+            f"aggregate or filter in SQL, or raise limit (at most {QUERY_MAX_LIMIT})"
+            if shown == limit
+            else f"the rows shown are capped at {QUERY_MAX_RESULT_BYTES // 2**20} MiB; select "
+            "fewer or shorter columns, or pass save_as to keep the whole result"
+        )
         warnings.append(
             Warning(
                 kind="truncated",
-                message=(
-                    f"returned the first {limit} of {total} rows{saved}; aggregate or filter "
-                    f"in SQL, or raise limit (at most {QUERY_MAX_LIMIT})"
-                ),
-                details={"total_rows": total, "returned_rows": limit},
+                message=f"returned the first {shown} of {total} rows{saved}; {advice}",
+                details={"total_rows": total, "returned_rows": shown},
             )
         )
     if truncated and save_as is None:

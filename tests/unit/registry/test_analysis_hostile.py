@@ -1,0 +1,403 @@
+"""The analysis tools against hostile and unusual data: every file, path and query answers a
+clear Ok, Hint or Err — never a raw library exception, a hang, unbounded memory, or data from
+outside the data roots."""
+
+from __future__ import annotations
+
+import bz2
+import concurrent.futures
+import decimal
+import gzip
+import lzma
+import os
+import zipfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from services.registry.context import ToolContext
+from services.registry.datasets import SqlDatasetStore
+from services.registry.tools import analysis
+from services.registry.tools.analysis import (
+    DatasetTooLarge,
+    PathOutsideDataRoots,
+    QueryResultTooLarge,
+    load_dataset,
+    query,
+)
+from shared.contract import HintException, Ok
+from shared.convert import tool_result_to_pb
+
+from . import test_analysis_tools as tools
+
+# The fixtures of the analysis tests, shared.
+db_url = tools.db_url
+make_store = tools.make_store
+store = tools.store
+files = tools.files
+ctx = tools.ctx
+make_context = tools.make_context
+ok_of = tools.ok_of
+
+DEADLINE_S = 30.0
+
+
+def within_deadline(fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a thread and fail, instead of hanging the suite, if it does not return."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout=DEADLINE_S)
+    except concurrent.futures.TimeoutError:
+        pytest.fail(f"did not finish within {DEADLINE_S}s")
+    finally:
+        pool.shutdown(wait=False)
+
+
+def hint(fn: Callable[..., Any], inputs: dict[str, Any], ctx: ToolContext) -> HintException:
+    with pytest.raises(HintException) as excinfo:
+        fn(inputs, ctx)
+    return excinfo.value
+
+
+# --------------------------------------------------------------------------------------------
+# the result of load_dataset
+
+
+def test_load_dataset_returns_a_preview_not_the_whole_table(ctx: ToolContext, files: Path) -> None:
+    (files / "many.csv").write_text("n\n" + "".join(f"{i}\n" for i in range(5000)), "utf-8")
+
+    result = load_dataset({"path": "many.csv"}, ctx)
+
+    ok = ok_of(result)
+    assert ok.rows == 5000
+    assert len(ok.data) == analysis.PREVIEW_DEFAULT_LIMIT
+    assert len(ctx.load_dataset("many")) == 5000  # stored whole
+    assert len(tool_result_to_pb(result).SerializeToString()) < 10_000
+
+
+# --------------------------------------------------------------------------------------------
+# CSV contents
+
+
+def test_a_row_with_more_fields_than_the_header_is_a_hint_not_a_shifted_table(
+    ctx: ToolContext, files: Path
+) -> None:
+    # pandas would take the first field for an index: a=2, b=3, and the 1 gone.
+    (files / "long_rows.csv").write_text("a,b\n1,2,3\n4,5,6\n", "utf-8")
+
+    assert hint(load_dataset, {"path": "long_rows.csv"}, ctx).hint_kind == "schema"
+    assert ctx.list_datasets() == []
+
+
+def test_a_trailing_delimiter_on_every_row_is_dropped_with_a_warning(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "ends.csv").write_text("a,b\n1,2,\n3,4,\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "ends.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["trailing_delimiter"]
+    assert ctx.load_dataset("ends").to_dict("list") == {"a": [1, 3], "b": [2, 4]}
+
+
+def test_integers_beyond_64_bits_are_kept_exactly_as_text(ctx: ToolContext, files: Path) -> None:
+    (files / "huge.csv").write_text("id,n\n123456789012345678901234567890,1\n,2\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "huge.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["big_integers"]
+    stored = ctx.load_dataset("huge")
+    assert stored["id"].iloc[0] == "123456789012345678901234567890"
+    assert stored["id"].isna().iloc[1]
+    rows = ok_of(query({"sql": "SELECT n FROM huge WHERE id LIKE '1234%'"}, ctx)).data
+    assert rows["n"].tolist() == [1]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_utf16_and_utf32_files_are_decoded(ctx: ToolContext, files: Path, encoding: str) -> None:
+    (files / "wide_chars.csv").write_bytes("id,name\n1,Zoë\n2,東京\n".encode(encoding))
+
+    ok = ok_of(load_dataset({"path": "wide_chars.csv"}, ctx))
+
+    assert [c.name for c in ok.schema] == ["id", "name"]
+    assert ctx.load_dataset("wide_chars")["name"].tolist() == ["Zoë", "東京"]
+    assert ok.warnings == []
+
+
+def test_a_windows_1252_file_keeps_its_euro_sign_and_quotes(ctx: ToolContext, files: Path) -> None:
+    (files / "prices.csv").write_bytes("item\nCafé € “best”\n".encode("cp1252"))
+
+    ok = ok_of(load_dataset({"path": "prices.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["encoding"]
+    assert "Windows-1252" in ok.warnings[0].message
+    assert ctx.load_dataset("prices")["item"].tolist() == ["Café € “best”"]
+
+
+def test_a_file_without_line_breaks_is_not_taken_for_a_header(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "blob.csv").write_text("x" * 100_000, "utf-8")
+
+    found = hint(load_dataset, {"path": "blob.csv"}, ctx)
+
+    assert found.hint_kind == "schema"
+    assert len(found.message) < 1000
+
+
+def test_nul_bytes_embedded_newlines_and_quotes_survive(ctx: ToolContext, files: Path) -> None:
+    (files / "odd.csv").write_bytes(b'a,"b c"\n"x\ny","he said ""hi"""\nq\x00r,2\n')
+
+    ok_of(load_dataset({"path": "odd.csv"}, ctx))
+
+    stored = ctx.load_dataset("odd")
+    assert stored["a"].tolist() == ["x\ny", "q\x00r"]
+    assert stored["b c"].tolist() == ['he said "hi"', "2"]
+
+
+# --------------------------------------------------------------------------------------------
+# compressed files
+
+
+def test_every_advertised_compression_loads(ctx: ToolContext, files: Path) -> None:
+    data = b"a,b\n1,x\n"
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as zst:
+        zst.write(data)
+    (files / "g.csv.gz").write_bytes(gzip.compress(data))
+    (files / "b.csv.bz2").write_bytes(bz2.compress(data))
+    (files / "x.csv.xz").write_bytes(lzma.compress(data))
+    (files / "z.csv.zst").write_bytes(sink.getvalue().to_pybytes())
+    with zipfile.ZipFile(files / "p.csv.zip", "w") as archive:
+        archive.writestr("inner.csv", data)
+
+    for name in ("g.csv.gz", "b.csv.bz2", "x.csv.xz", "z.csv.zst", "p.csv.zip"):
+        assert ok_of(load_dataset({"path": name}, ctx)).rows == 1, name
+
+
+@pytest.mark.parametrize("name", ["bad.csv.gz", "bad.csv.bz2", "bad.csv.xz", "bad.csv.zst"])
+def test_a_corrupt_compressed_file_is_a_schema_hint(
+    ctx: ToolContext, files: Path, name: str
+) -> None:
+    (files / name).write_bytes(b"\x28\xb5\x2f\xfd this is not compressed data")
+
+    assert hint(load_dataset, {"path": name}, ctx).hint_kind == "schema"
+
+
+def test_a_zip_of_several_files_is_a_schema_hint(ctx: ToolContext, files: Path) -> None:
+    with zipfile.ZipFile(files / "two.csv.zip", "w") as archive:
+        archive.writestr("a.csv", "a\n1\n")
+        archive.writestr("b.csv", "b\n2\n")
+
+    assert "2 files" in hint(load_dataset, {"path": "two.csv.zip"}, ctx).message
+
+
+def test_a_decompression_bomb_stops_at_the_size_limit(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    ctx = make_context(tmp_path, store, max_dataset_bytes=1 << 20)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
+    body = b"".join(packer.compress(b"1,2\n" * 65536) for _ in range(64))  # 16 MiB
+    (files / "bomb.csv.gz").write_bytes(packer.compress(b"a,b\n") + body + packer.flush())
+    assert (files / "bomb.csv.gz").stat().st_size < 100_000
+
+    with pytest.raises(DatasetTooLarge) as excinfo:
+        within_deadline(lambda: load_dataset({"path": "bomb.csv.gz"}, ctx))
+
+    assert "TOOLMESH_MAX_DATASET_BYTES" in str(excinfo.value)
+    assert ctx.list_datasets() == []
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(
+    tmp_path: Path, files: Path, store: SqlDatasetStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_context(tmp_path, store, max_dataset_bytes=1000)
+    (files / "big.csv").write_text("a\n" + "1\n" * 1000, "utf-8")
+    monkeypatch.setattr(analysis, "_read_csv", None)  # calling it would fail
+
+    with pytest.raises(DatasetTooLarge):
+        load_dataset({"path": "big.csv"}, ctx)
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet
+
+
+def test_a_parquet_file_with_a_corrupt_page_is_a_schema_hint(ctx: ToolContext, files: Path) -> None:
+    pq.write_table(pa.table({"a": list(range(1000))}), files / "good.parquet")
+    data = (files / "good.parquet").read_bytes()
+    (files / "bad.parquet").write_bytes(data[:4] + b"\xff" * 200 + data[204:])
+
+    assert hint(load_dataset, {"path": "bad.parquet"}, ctx).hint_kind == "schema"
+
+
+def test_a_parquet_file_over_the_limit_uncompressed_is_refused_from_its_footer(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    ctx = make_context(tmp_path, store, max_dataset_bytes=100_000)
+    pq.write_table(pa.table({"zeros": [0] * 1_000_000}), files / "zeros.parquet")
+    assert (files / "zeros.parquet").stat().st_size < 100_000  # small on disk
+
+    with pytest.raises(DatasetTooLarge):
+        load_dataset({"path": "zeros.parquet"}, ctx)
+
+
+def test_unusual_parquet_types_load_and_query(ctx: ToolContext, files: Path) -> None:
+    table = pa.table(
+        {
+            "s": pa.array([{"x": 1, "y": "a"}, None]),
+            "l": pa.array([[1, 2], []]),
+            "m": pa.array([[("k", 1)], None], type=pa.map_(pa.string(), pa.int64())),
+            "d": pa.array(["a", "b"]).dictionary_encode(),
+            "t": pa.array([0, 10**12], type=pa.timestamp("us", tz="Europe/Paris")),
+            "dec": pa.array([decimal.Decimal("1.23"), None], type=pa.decimal128(22, 2)),
+        }
+    )
+    pq.write_table(table, files / "odd.parquet")
+
+    assert ok_of(load_dataset({"path": "odd.parquet"}, ctx)).rows == 2
+    assert ok_of(query({"sql": "SELECT * FROM odd", "save_as": "odd_copy"}, ctx)).rows == 2
+    assert ok_of(query({"sql": "SELECT count(*) AS n FROM odd_copy"}, ctx)).data["n"][0] == 2
+    pq.write_table(table.slice(0, 0), files / "none.parquet")
+    assert ok_of(load_dataset({"path": "none.parquet"}, ctx)).rows == 0
+
+
+# --------------------------------------------------------------------------------------------
+# paths
+
+
+def test_a_named_pipe_is_refused_without_blocking(ctx: ToolContext, files: Path) -> None:
+    os.mkfifo(files / "pipe.csv")  # no writer: a plain open() would wait forever
+
+    found = within_deadline(lambda: hint(load_dataset, {"path": "pipe.csv"}, ctx))
+
+    assert found.hint_kind == "schema"
+    assert "regular file" in found.message
+
+
+def test_a_fifo_is_not_suggested_for_a_missing_file(ctx: ToolContext, files: Path) -> None:
+    os.mkfifo(files / "peoplepipe.csv")
+
+    labels = [a.label for a in hint(load_dataset, {"path": "peple.csv"}, ctx).alternatives]
+
+    assert "people.csv" in labels
+    assert "peoplepipe.csv" not in labels
+
+
+def test_a_very_long_path_is_a_short_schema_hint(ctx: ToolContext) -> None:
+    for raw in ("x" * 5000 + ".csv", "a/" * 3000 + "x.csv"):
+        found = hint(load_dataset, {"path": raw}, ctx)
+
+        assert found.hint_kind == "schema"
+        assert len(found.message) < 600
+
+
+def test_a_file_swapped_for_a_symlink_after_the_check_is_not_read(
+    ctx: ToolContext, files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.csv").write_text("secret\nTOPSECRET\n", "utf-8")
+    (files / "sub").mkdir()
+    (files / "sub" / "data.csv").write_text("a\n1\n", "utf-8")
+    checked = analysis._resolve_input_path
+
+    def check_then_swap_file(raw: str, roots: Any) -> Path:
+        path = checked(raw, roots)
+        path.unlink()
+        path.symlink_to(outside / "secret.csv")
+        return path
+
+    monkeypatch.setattr(analysis, "_resolve_input_path", check_then_swap_file)
+    with pytest.raises(HintException):  # O_NOFOLLOW: the last component is now a link
+        load_dataset({"path": "sub/data.csv"}, ctx)
+
+    def check_then_swap_directory(raw: str, roots: Any) -> Path:
+        path = checked(raw, roots)
+        (files / "sub").rename(files / "sub_old")
+        (files / "sub").symlink_to(outside, target_is_directory=True)
+        (outside / "data.csv").write_text("secret\nTOPSECRET\n", "utf-8")
+        return path
+
+    (files / "sub" / "data.csv").unlink()
+    (files / "sub" / "data.csv").write_text("a\n1\n", "utf-8")
+    monkeypatch.setattr(analysis, "_resolve_input_path", check_then_swap_directory)
+    with pytest.raises(PathOutsideDataRoots):  # the opened file is checked again
+        load_dataset({"path": "sub/data.csv"}, ctx)
+    assert ctx.list_datasets() == []
+
+
+# --------------------------------------------------------------------------------------------
+# query
+
+
+def test_a_statement_type_unknown_to_the_driver_is_refused_as_a_hint(ctx: ToolContext) -> None:
+    assert hint(query, {"sql": "UPDATE EXTENSIONS"}, ctx).hint_kind == "fetch"
+
+
+def test_a_union_result_comes_back_as_text(ctx: ToolContext) -> None:
+    ok = ok_of(query({"sql": "SELECT 1::UNION(a INT, b VARCHAR) AS u"}, ctx))
+
+    assert ok.data["u"].tolist() == ["1"]
+
+
+def test_a_result_of_huge_rows_is_clipped_by_size_with_a_note(ctx: ToolContext) -> None:
+    result = query({"sql": "SELECT repeat('x', 100000) AS s FROM range(1000)"}, ctx)
+
+    ok = ok_of(result)
+    assert ok.rows == 1000
+    assert 1 <= len(ok.data) < 1000
+    (warning,) = ok.warnings
+    assert warning.kind == "truncated"
+    assert warning.details == {"total_rows": 1000, "returned_rows": len(ok.data)}
+    assert len(tool_result_to_pb(result).SerializeToString()) < 2 * analysis.QUERY_MAX_RESULT_BYTES
+
+
+def test_save_as_refuses_a_result_over_the_dataset_limit(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    ctx = make_context(tmp_path, store, max_dataset_bytes=1 << 20)
+
+    found = hint(query, {"sql": "SELECT * FROM range(10000000) t(n)", "save_as": "big"}, ctx)
+
+    assert found.hint_kind == "fetch"
+    assert ctx.list_datasets() == []
+
+
+def test_a_result_memory_cannot_hold_is_an_err_not_an_os_error(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*_: Any) -> None:
+        raise OSError("Invalid Input Error: Arrow Appender: The maximum total string size")
+
+    monkeypatch.setattr(analysis, "_execute", fail)
+
+    with pytest.raises(QueryResultTooLarge):
+        query({"sql": "SELECT 1"}, ctx)
+
+
+def test_a_recursive_query_that_never_ends_is_stopped(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    ctx = make_context(tmp_path, store, tool_timeout_s=0.5)
+    sql = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t"
+
+    with pytest.raises(analysis.QueryTimeout):
+        within_deadline(lambda: query({"sql": sql}, ctx))
+
+
+def test_unusual_identifiers_and_case(ctx: ToolContext, files: Path) -> None:
+    (files / "kw.csv").write_text('select,"we""ird","has space",Name\n1,2,3,4\n', "utf-8")
+    load_dataset({"path": "kw.csv"}, ctx)
+
+    ok = ok_of(query({"sql": 'SELECT "select", "we""ird", "has space", name FROM KW'}, ctx))
+
+    assert ok.data.iloc[0].tolist() == [1, 2, 3, 4]
+    found = hint(query, {"sql": "SELECT has_space FROM kw"}, ctx)
+    assert found.alternatives[0].label == "kw.has space"
+    assert isinstance(ok, Ok)
