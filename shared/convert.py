@@ -65,6 +65,9 @@ MAX_ID_CHARS = 128
 # A tool's description goes into every prompt that offers the tool: the registry refuses a
 # longer one, and the MCP bridge clips a server's to it.
 MAX_TOOL_DESCRIPTION_CHARS = 32 * 1024
+# A serialised tool result: half the services' 64 MB message limit, so the response around it
+# always fits. A larger one is an Err `result_too_large` where it is made.
+MAX_RESULT_BYTES = 32 * 1024 * 1024
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f]")
 
 
@@ -398,9 +401,10 @@ def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
 
     A result holding text that is not Unicode (an unpaired UTF-16 surrogate, which a sandboxed
     tool or an MCP server can send as a JSON escape) cannot go into a protobuf string: it
-    becomes an Err result naming that, rather than failing the RPC."""
+    becomes an Err result naming that, rather than failing the RPC; so does a result over
+    MAX_RESULT_BYTES (`result_too_large`), which no service could send on."""
     try:
-        return _tool_result_to_pb(result)
+        msg = _tool_result_to_pb(result)
     except UnicodeEncodeError as exc:
         bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
         message = (
@@ -409,6 +413,16 @@ def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
         )
         logger.warning("%s", message)
         return error_result_pb(message, "malformed_result")
+    size = msg.ByteSize()
+    if size > MAX_RESULT_BYTES:
+        text = (
+            f"the tool's result is {size} bytes, over the {MAX_RESULT_BYTES}-byte limit of a "
+            "result (it could not be sent between services); the tool must return less, or "
+            "write it to an export"
+        )
+        logger.warning("%s", text)
+        return error_result_pb(text, "result_too_large")
+    return msg
 
 
 def _tool_result_to_pb(result: ToolResult) -> pb.ToolResult:

@@ -74,6 +74,11 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "inputSchema": {"type": "object"},
     },
     {
+        "name": "huge",
+        "description": "Answer with `mb` megabytes of text.",
+        "inputSchema": {"type": "object", "properties": {"mb": {"type": "integer"}}},
+    },
+    {
         "name": "image",
         "description": "Answer with a tiny PNG and a text.",
         "inputSchema": {"type": "object"},
@@ -153,6 +158,8 @@ class Server:
         elif name == "bad_base64":
             data = {"type": "image", "data": "!!not base64!!", "mimeType": "image/png"}
             result(request_id, {"content": [data]})
+        elif name == "huge":
+            result(request_id, text("z" * (int(arguments.get("mb", 1)) * 1024 * 1024)))
         elif name == "fail":
             result(request_id, text("the widget is broken", is_error=True))
         elif name == "image":

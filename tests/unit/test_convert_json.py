@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from shared.contract import Ok, ToolResult, envelope_to_tool_result
-from shared.convert import check_ids, context_ids, parse_json_object, tool_result_to_pb
+from shared.convert import (
+    MAX_RESULT_BYTES,
+    check_ids,
+    context_ids,
+    parse_json_object,
+    tool_result_to_pb,
+)
 from shared.errors import InvalidArgument
 from toolmesh.type.v1 import types_pb2 as pb
 
@@ -115,3 +121,15 @@ def test_ids_a_table_cannot_store_are_invalid_argument(
 
 def test_ordinary_ids_pass() -> None:
     check_ids(context_ids(pb.CallContext(tenant_id="t" * 128, conversation_id="conv-é-😀")))
+
+
+def test_a_result_no_service_could_send_on_becomes_an_err_naming_its_size() -> None:
+    # An MCP server's 40 MB text went out as content and again as the Ok's data, and failed
+    # between the bridge and the registry ("Sent message larger than max").
+    big = envelope_to_tool_result(Ok(data="z" * (20 * 1024 * 1024)))
+    message = tool_result_to_pb(big)
+    assert message.envelope.err.err_kind == "result_too_large"
+    assert str(MAX_RESULT_BYTES) in message.envelope.err.message
+    assert message.ByteSize() < 10_000
+    fits = tool_result_to_pb(envelope_to_tool_result(Ok(data="z" * (1024 * 1024))))
+    assert fits.envelope.WhichOneof("kind") == "ok"

@@ -166,3 +166,19 @@ async def test_a_call_context_with_ids_no_table_can_store_is_invalid_argument(
             context=pb.CallContext(tenant_id="t", conversation_id="c" * 500),
         )
     assert caught.value.reason == "ID_TOO_LONG"
+
+
+async def test_a_result_too_large_to_send_on_is_an_err_and_the_connection_keeps_serving(
+    make_bridge: BridgeFactory,
+) -> None:
+    # 20 MB of text goes out as the content and as the Ok's data: over the 32 MB a result may
+    # be (before: the bridge's answer failed at the next hop, "Sent message larger than max").
+    bridge = make_bridge()
+    await bridge.connect(raw_config("raw"))
+    servicer = McpBridgeServicer(bridge)
+    answer = await unary(servicer, connection="raw", tool="huge", arguments_json='{"mb": 20}')
+    assert answer.result.envelope.err.err_kind == "result_too_large"
+    fits = await unary(servicer, connection="raw", tool="huge", arguments_json='{"mb": 1}')
+    assert fits.result.envelope.WhichOneof("kind") == "ok"
+    echo = await unary(servicer, connection="raw", tool="echo", arguments_json='{"message": "x"}')
+    assert json.loads(echo.result.envelope.ok.data_json) == "Echo: x"
