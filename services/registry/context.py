@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,6 +66,38 @@ class ToolCaller(Protocol):
     async def call_tool(
         self, name: str, inputs: Mapping[str, Any], context: ToolContext
     ) -> ToolResult: ...
+
+
+# The cancellation of the call a sync handler's thread works for: set by the registry when the
+# call is cancelled (the caller went away, the conversation was cancelled), read by long work
+# in that thread (a query's watchdog, a file's reader) through raise_if_cancelled. A ContextVar,
+# because asyncio.to_thread runs the handler in a copy of the caller's context.
+_CANCELLED: ContextVar[threading.Event | None] = ContextVar("toolmesh_call_cancelled", default=None)
+
+
+class CallCancelled(Exception):
+    """The call this work belongs to was cancelled: stop and let it go."""
+
+
+def call_cancellation() -> threading.Event | None:
+    """The current call's cancellation event, None outside a sync handler's thread."""
+    return _CANCELLED.get()
+
+
+def raise_if_cancelled() -> None:
+    """Raise CallCancelled when the current call was cancelled."""
+    event = _CANCELLED.get()
+    if event is not None and event.is_set():
+        raise CallCancelled("the call was cancelled")
+
+
+def cancellable(event: threading.Event) -> Token[threading.Event | None]:
+    """Make `event` the current call's cancellation (returns the token to reset)."""
+    return _CANCELLED.set(event)
+
+
+def reset_cancellation(token: Token[threading.Event | None]) -> None:
+    _CANCELLED.reset(token)
 
 
 @dataclass

@@ -17,6 +17,7 @@ import importlib
 import inspect
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from jsonschema.exceptions import ValidationError
 from opentelemetry.trace import Span, Status, StatusCode
 
 from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
-from services.registry.context import ToolContext
+from services.registry.context import ToolContext, cancellable, reset_cancellation
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
 from shared import convert, schema_regex
@@ -494,7 +495,7 @@ class Registry:
             if inspect.iscoroutinefunction(handler):
                 raw = await handler(inputs, context)
             else:
-                raw = await asyncio.to_thread(handler, inputs, context)
+                raw = await _run_in_thread(handler, inputs, context)
                 if inspect.isawaitable(raw):
                     raw = await raw
         except HintException as exc:
@@ -504,6 +505,21 @@ class Registry:
             return envelope_to_tool_result(exception_to_envelope(exc))
         # A contract-wrapped handler returned an envelope; a legacy one keeps its own content.
         return normalise_result(tool.name, raw)
+
+
+async def _run_in_thread(handler: Handler, inputs: dict[str, Any], context: ToolContext) -> Any:
+    """A sync handler on a worker thread. When the call is cancelled, the thread cannot be
+    stopped from outside: its cancellation event is set, and the handler's long work (a
+    query's watchdog, a file's reader) stops on it instead of running on to its own limits."""
+    event = threading.Event()
+    token = cancellable(event)
+    try:
+        return await asyncio.to_thread(handler, inputs, context)
+    except asyncio.CancelledError:
+        event.set()
+        raise
+    finally:
+        reset_cancellation(token)
 
 
 def describe_violation(

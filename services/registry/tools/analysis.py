@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import threading
+import time
 import unicodedata
 import zipfile
 import zlib
@@ -34,7 +35,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from services.registry.context import DatasetInfo, ToolContext
+from services.registry.context import (
+    CallCancelled,
+    DatasetInfo,
+    ToolContext,
+    call_cancellation,
+    raise_if_cancelled,
+)
 from services.registry.datasets import dataframe_to_arrow, unique_names
 from shared.config import Settings
 from shared.contract import (
@@ -580,6 +587,7 @@ class _BoundedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
+        raise_if_cancelled()  # a cancelled call's load stops at the next chunk
         data = self._source.read(min(len(buffer), READ_CHUNK_BYTES))
         size = len(data)
         self._count += size
@@ -1056,21 +1064,38 @@ def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
 
 
 class _Watchdog:
-    """Interrupts a DuckDB connection still running after `timeout_s` (repeatedly, so an
-    interrupt that lands between two DuckDB calls is not lost)."""
+    """Interrupts a DuckDB connection still running after `timeout_s`, or once the call it
+    runs for is cancelled (repeatedly, so an interrupt that lands between two DuckDB calls is
+    not lost)."""
+
+    POLL_S = 0.05
 
     def __init__(self, con: duckdb.DuckDBPyConnection, timeout_s: float) -> None:
         self._con = con
         self._timeout_s = timeout_s
         self._done = threading.Event()
+        # Read here, on the handler's thread: the watchdog's own thread has a fresh context.
+        self._cancelled = call_cancellation()
         self._thread = threading.Thread(target=self._run, name="query-watchdog", daemon=True)
         self.fired = False
+        self.cancelled = False
 
     def _run(self) -> None:
-        if self._done.wait(self._timeout_s):
-            return
-        self.fired = True
-        logger.warning("query exceeded %.1fs; interrupting DuckDB", self._timeout_s)
+        deadline = time.monotonic() + self._timeout_s
+        cancelled = self._cancelled
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.fired = True
+                logger.warning("query exceeded %.1fs; interrupting DuckDB", self._timeout_s)
+                break
+            wait = left if cancelled is None else min(left, self.POLL_S)
+            if self._done.wait(wait):
+                return
+            if cancelled is not None and cancelled.is_set():
+                self.cancelled = True
+                logger.info("query's call was cancelled; interrupting DuckDB")
+                break
         while not self._done.is_set():
             self._con.interrupt()
             self._done.wait(0.05)
@@ -1255,6 +1280,8 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             try:
                 table, total = _execute(con, sql, limit, save_limit)
             except duckdb.InterruptException as exc:
+                if watchdog.cancelled:
+                    raise CallCancelled("the query's call was cancelled") from exc
                 if watchdog.fired:
                     raise QueryTimeout(
                         f"the query ran longer than {timeout_s:g}s and was cancelled; "
