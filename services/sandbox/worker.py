@@ -338,7 +338,13 @@ def _install_seccomp(sc: Any) -> None:
         "pidfd_getfd", "tkill", "mknod", "mknodat", "fsopen", "fsmount", "fsconfig",
         "move_mount", "open_tree", "mount_setattr", "setuid", "setgid", "setreuid",
         "setregid", "setresuid", "setresgid", "setgroups", "personality", "quotactl",
-        "lookup_dcookie", "vhangup", "seccomp",
+        "lookup_dcookie", "vhangup", "seccomp", "ioprio_set",
+        # System V and POSIX IPC objects live in the IPC namespace every worker shares with the
+        # zygote and outlive the worker that made them: a channel to the next tenant's
+        # execution, and memory no worker's limit accounts for once its maker is gone.
+        "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl",
+        "shmget", "shmat", "shmdt", "shmctl", "mq_open", "mq_unlink", "mq_timedsend",
+        "mq_timedreceive", "mq_notify", "mq_getsetattr",
     ):  # fmt: skip
         try:
             flt.add_rule(eperm, name)
@@ -349,6 +355,17 @@ def _install_seccomp(sc: Any) -> None:
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         flt.add_rule(eperm, name, sc.Arg(0, sc.NE, me))
+    # The zygote and every other worker run as the same uid, which is all these calls check:
+    # on another process they would lower the zygote's rlimits (no fd can reach it: the
+    # sandbox stops serving everyone), or another tenant's CPU limit, nice value or scheduling
+    # policy. Only pid 0 (the caller) is left.
+    for name in (
+        "prlimit64", "sched_setscheduler", "sched_setparam", "sched_setattr", "sched_setaffinity",
+    ):  # fmt: skip
+        flt.add_rule(eperm, name, sc.Arg(0, sc.NE, 0))
+    prio_process = 0  # setpriority(PRIO_PROCESS, 0, n) only: not a group, a user or a pid
+    flt.add_rule(eperm, "setpriority", sc.Arg(0, sc.NE, prio_process))
+    flt.add_rule(eperm, "setpriority", sc.Arg(1, sc.NE, 0))
     flt.load()
 
 

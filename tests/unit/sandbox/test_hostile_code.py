@@ -1,0 +1,213 @@
+"""More hostile code against the worker pool, beyond test_hostile.py: what one execution could
+leave for, or do to, the executions of other tenants (IPC objects in the namespace every worker
+shares, the rlimits and scheduling of the zygote and of other workers, all of one uid), and what
+a worker could make the host do with what it sends back (results the service cannot return,
+tables that decode to far more than their bytes, frames the host's decoder chokes on). Every
+attempt starts from the real builtins (the pre-check bypassed), and every one must end in a
+result or an Err naming the problem, with the pool still serving."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from services.sandbox.cgroups import host_pid
+from services.sandbox.host import Limits, RunOutcome, WorkerPool
+from tests.unit.sandbox.test_hostile import ESCAPE
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+LIMITS = Limits(wall_seconds=20, cpu_seconds=5, memory_bytes=256 << 20, output_bytes=256 << 10)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool() -> AsyncIterator[WorkerPool]:
+    pool = WorkerPool(size=2)
+    await pool.start()
+    yield pool
+    await pool.close()
+
+
+async def run(pool: WorkerPool, code: str, limits: Limits = LIMITS) -> RunOutcome:
+    return await pool.run(code=code, inputs={}, tool_name="hostile", limits=limits)
+
+
+def attempt(body: str) -> str:
+    """Code that runs `body` with the real os and reports what happened as `result`."""
+    indented = "\n".join("    " + line for line in body.strip().splitlines())
+    return (
+        ESCAPE
+        + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        + f"try:\n{indented}\n    result = 'ESCAPED'\nexcept Exception as e:\n"
+        + "    result = 'blocked: ' + type(e).__name__ + ': ' + str(e)\n"
+    )
+
+
+async def assert_blocked(pool: WorkerPool, body: str) -> None:
+    out = await run(pool, attempt(body))
+    assert out.ok, out.message
+    assert out.content.startswith("blocked"), out.content
+
+
+def checked(call: str) -> str:
+    """A libc call that raises OSError when it fails."""
+    return f"r = {call}\nif r == -1 or r == ctypes.c_void_p(-1).value:\n" + (
+        "    raise OSError(ctypes.get_errno(), 'refused')"
+    )
+
+
+async def alive(pool: WorkerPool) -> None:
+    out = await run(pool, "result = 'alive'")
+    assert out.ok and out.content == "alive", out
+
+
+# --- state one execution could leave for the next -------------------------------------------
+
+
+IPC_CREAT = 0o1000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        checked(f"libc.msgget(0x5151, {IPC_CREAT} | 0o666)"),
+        checked(f"libc.shmget(0x5252, 1 << 20, {IPC_CREAT} | 0o666)"),
+        checked(f"libc.semget(0x5353, 1, {IPC_CREAT} | 0o666)"),
+        checked("libc.mq_open(b'/leak', 0o100 | 2, 0o666, None)"),
+    ],
+)
+async def test_no_ipc_object_can_be_made_to_outlive_the_execution(
+    pool: WorkerPool, body: str
+) -> None:
+    await assert_blocked(pool, body)
+
+
+async def test_a_message_left_in_a_sysv_queue_never_reaches_the_next_execution(
+    pool: WorkerPool,
+) -> None:
+    """Every worker shares the zygote's IPC namespace: a queue (or shared memory segment) made
+    by one execution would outlive it, readable by the next tenant's."""
+    sender = (
+        "class Msg(ctypes.Structure):\n"
+        "    _fields_ = [('mtype', ctypes.c_long), ('mtext', ctypes.c_char * 32)]\n"
+        f"q = libc.msgget(0x5454, {IPC_CREAT} | 0o666)\n"
+        "libc.msgsnd(q, ctypes.byref(Msg(1, b'tenant-a-secret')), 32, 0)\n"
+        f"s = libc.shmget(0x5555, 4096, {IPC_CREAT} | 0o666)\n"
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "a = libc.shmat(s, None, 0)\n"
+        "if s >= 0:\n"
+        "    ctypes.memmove(a, b'tenant-a-secret', 15)\n"
+        "result = (q, s)"
+    )
+    receiver = (
+        "class Msg(ctypes.Structure):\n"
+        "    _fields_ = [('mtype', ctypes.c_long), ('mtext', ctypes.c_char * 32)]\n"
+        "m = Msg()\n"
+        "libc.msgrcv(libc.msgget(0x5454, 0), ctypes.byref(m), 32, 0, 0o4000)\n"
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "s = libc.shmget(0x5555, 0, 0)\n"
+        "seen = ctypes.string_at(libc.shmat(s, None, 0), 15) if s >= 0 else b''\n"
+        "result = repr((m.mtext, seen))"
+    )
+    prelude = ESCAPE + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    made = await run(pool, prelude + sender)
+    assert made.ok and made.content == "(-1, -1)", made
+    read = await run(pool, prelude + receiver)
+    assert read.ok, read.message
+    assert "tenant-a-secret" not in read.content, read.content
+
+
+# --- what one execution could do to the zygote or to another tenant's worker -----------------
+
+
+async def _zygote_pid(pool: WorkerPool) -> int:
+    """The zygote's host pid: the parent of a worker."""
+    worker = await pool.take()
+    try:
+        pid = host_pid(worker.pidfd)
+        assert pid is not None
+        status = _proc(pid, "status").splitlines()
+        return int(next(line for line in status if line.startswith("PPid:")).split()[1])
+    finally:
+        worker.kill()
+        worker.close()
+
+
+def _proc(pid: int, name: str) -> str:
+    return Path(f"/proc/{pid}/{name}").read_text()
+
+
+def _stat(pid: int) -> dict[str, str]:
+    text = _proc(pid, "stat")
+    fields = text[text.rindex(")") + 2 :].split()
+    return {"nice": fields[16], "policy": fields[38]}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "import resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (4, 4))",
+        "import resource\nresource.prlimit(os.getppid(), resource.RLIMIT_CPU, (1, 1))",
+        "os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)",
+        "os.setpriority(os.PRIO_USER, 0, 19)",
+        "os.setpriority(os.PRIO_PGRP, os.getpgid(os.getppid()), 19)",
+        "os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
+        "os.sched_setaffinity(os.getppid(), {0})",
+        checked("libc.syscall(251, 1, os.getppid(), (3 << 13) | 7)"),  # ioprio_set, idle class
+    ],
+)
+async def test_the_zygote_and_other_workers_limits_and_scheduling_are_out_of_reach(
+    pool: WorkerPool, body: str
+) -> None:
+    """Worker and zygote share one uid, which is all prlimit and the scheduler calls check:
+    a worker that lowered the zygote's RLIMIT_NOFILE left it unable to take a worker's pipes,
+    and every tenant's next execution failed UNAVAILABLE after a minute, for good."""
+    zygote = await _zygote_pid(pool)
+    limits_before = _proc(zygote, "limits")
+    stat_before = _stat(zygote)
+    await assert_blocked(pool, body)
+    assert _proc(zygote, "limits") == limits_before
+    assert _stat(zygote) == stat_before
+    await alive(pool)
+
+
+async def test_a_worker_still_sets_its_own_limits_and_priority(pool: WorkerPool) -> None:
+    out = await run(
+        pool,
+        ESCAPE
+        + "import resource\n"
+        + "resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))\n"
+        + "os.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+        + "os.sched_setaffinity(0, os.sched_getaffinity(0))\n"
+        + "result = resource.getrlimit(resource.RLIMIT_NOFILE), os.getpriority(os.PRIO_PROCESS, 0)",
+    )
+    assert out.ok and out.content == "((32, 32), 5)", out
+
+
+async def test_a_pre_started_worker_is_out_of_reach_of_the_running_one(pool: WorkerPool) -> None:
+    idle = await pool.take()  # a worker waiting for its request, as another tenant's would be
+    try:
+        pid = host_pid(idle.pidfd)
+        assert pid is not None
+        before = _proc(pid, "limits")
+        # Its pid inside the namespace: workers are the zygote's children, numbered upwards.
+        out = await run(
+            pool,
+            ESCAPE
+            + "import resource\nhit = []\n"
+            + "for p in range(2, os.getpid()):\n"
+            + "    try:\n"
+            + "        resource.prlimit(p, resource.RLIMIT_CPU, (0, 0))\n"
+            + "        hit.append(p)\n"
+            + "    except OSError:\n"
+            + "        pass\n"
+            + "result = hit",
+        )
+        assert out.ok and out.content == "[]", out
+        assert _proc(pid, "limits") == before
+    finally:
+        idle.kill()
+        idle.close()
