@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 import jsonschema
 import pandas as pd
+import pyarrow as pa
 
 from services.sandbox import precheck
 from services.sandbox.host import Limits, RunOutcome
@@ -32,6 +34,9 @@ from shared.telemetry.tracing import tracer
 logger = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# How deep a card of a custom tool's response may nest: a google.protobuf.Struct costs two
+# message levels a JSON level, and a card nested past ~33 no service can parse back.
+MAX_CARD_DEPTH = 32
 
 # call_tool(name, inputs) -> ToolResult, raising ToolmeshError for RPC-level failures.
 NestedCaller = Callable[[str, dict[str, Any]], Awaitable[ToolResult]]
@@ -188,22 +193,76 @@ def nested_reply(result: ToolResult) -> tuple[dict[str, Any], bytes | None]:
 
 
 def outcome_to_result(tool_name: str, outcome: RunOutcome) -> ToolResult:
+    """What the worker answered as a ToolResult. Everything in it came from the tool's code
+    (a worker can forge any frame), so nothing is taken on trust: a table that does not decode,
+    or a response the service could not send on or must not act on, is an Err `bad_result`."""
     if not outcome.ok:
         return envelope_to_tool_result(
             Err(f"custom tool {tool_name!r}: {outcome.message}", outcome.error_kind)
         )
+
+    def bad(problem: str) -> ToolResult:
+        return envelope_to_tool_result(
+            Err(f"custom tool {tool_name!r} returned a bad result: {problem}", "bad_result")
+        )
+
     if outcome.form == "table" and outcome.table_ipc is not None:
-        df = ipc_to_dataframe(outcome.table_ipc)
+        try:
+            df = ipc_to_dataframe(outcome.table_ipc)
+        except (pa.ArrowException, ValueError) as exc:
+            return bad(f"its table is not an Arrow IPC stream ({str(exc)[:200]})")
         envelope = Ok(rows=len(df), schema=measure_schema(df), data=df)
         return ToolResult(content=outcome.content, envelope=envelope)
     if outcome.form == "response" and outcome.response is not None:
+        problem = response_problem(outcome.response)
+        if problem is not None:
+            return bad(problem)
         try:
             return ToolResult.from_any(outcome.response)
         except (TypeError, ValueError) as exc:
-            return envelope_to_tool_result(
-                Err(f"custom tool {tool_name!r} returned a bad response: {exc}", "bad_result")
-            )
+            return bad(str(exc))
     return ToolResult(content=outcome.content, envelope=Ok(data=None))
+
+
+def response_problem(response: dict[str, Any]) -> str | None:
+    """Why a custom tool's response dict (`result = {"message": ..., ...}`) cannot be returned,
+    or None. Exports name files on the host and datasets are the platform's tables: code that
+    ran in a sandbox has neither (its files are gone when it answers, and its table is its
+    `result`), and an export path it named would be any file under the service's data dir —
+    the database included — registered for download."""
+    for key in ("exports", "datasets"):
+        if response.get(key):
+            return (
+                f"result[{key!r}]: a custom tool cannot return {key} (it has no files outside "
+                "its sandbox); assign a DataFrame to `result` to return a table"
+            )
+    cards = response.get("cards")
+    if cards is not None:
+        if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
+            return "result['cards'] must be a list of dicts"
+        if any(_depth(card) > MAX_CARD_DEPTH for card in cards):
+            return f"a card nests more than {MAX_CARD_DEPTH} levels deep"
+    cost = response.get("cost")
+    if cost is not None and (
+        isinstance(cost, bool)
+        or not isinstance(cost, int | float)
+        or not math.isfinite(cost)
+        or cost < 0
+    ):
+        return "result['cost'] must be a finite number of USD, 0 or more"
+    return None
+
+
+def _depth(value: Any) -> int:
+    """How deep dicts and lists nest in a decoded JSON value (iteratively: no recursion)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
 
 
 # --- lifecycle ------------------------------------------------------------------------------

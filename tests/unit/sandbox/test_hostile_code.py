@@ -15,7 +15,9 @@ import pytest
 import pytest_asyncio
 
 from services.sandbox.cgroups import host_pid
+from services.sandbox.core import Sandbox, outcome_to_result
 from services.sandbox.host import Limits, RunOutcome, WorkerPool
+from shared import convert
 from tests.unit.sandbox.test_hostile import ESCAPE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -211,3 +213,74 @@ async def test_a_pre_started_worker_is_out_of_reach_of_the_running_one(pool: Wor
     finally:
         idle.kill()
         idle.close()
+
+
+# --- results the service could not send on, or must not act on -------------------------------
+
+
+def forge(frames: str) -> str:
+    """Code that writes `frames` (an expression of bytes) straight to its reply pipe, as a
+    worker that ignores the protocol would, then waits to be killed."""
+    return (
+        ESCAPE
+        + "import json, struct, time\n"
+        + "def frame(kind, body):\n"
+        + "    return struct.pack('>IB', len(body), kind) + body\n"
+        + "def j(obj):\n"
+        + "    return frame(74, json.dumps(obj).encode())\n"
+        + "out = max(int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2)\n"
+        + f"os.write(out, {frames})\n"
+        + "time.sleep(60)\n"
+    )
+
+
+DEEP_CARD = "card = 1\nfor _ in range(40):\n    card = {'k': card}\n"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # Exports name host files: a sandboxed tool has none (the dispatcher would register any
+        # file under the data dir for download).
+        "result = {'message': 'm', 'exports': {'db': {'path': 'toolmesh.db'}}}",
+        "result = {'message': 'm', 'datasets': {'t': [1, 2, 3]}}",
+        "result = {'message': 'm', 'cards': 'not a list'}",
+        "result = {'message': 'm', 'cards': [1, 2]}",
+        DEEP_CARD + "result = {'message': 'm', 'cards': [card]}",
+        "result = {'message': 'm', 'cost': float('inf')}",
+        "result = {'message': 'm', 'cost': -5}",
+    ],
+)
+async def test_a_response_the_service_cannot_return_is_an_err_naming_it(
+    pool: WorkerPool, code: str
+) -> None:
+    """Before, each of these failed the RPC (INTERNAL: a TypeError or AttributeError in the
+    conversion, or a card the registry could not parse back) or, for exports, was passed on."""
+    execution = await Sandbox(pool).execute(tool_name="t", code=code, inputs={}, limits=LIMITS)
+    assert execution.result.envelope is not None
+    assert getattr(execution.result.envelope, "err_kind", "") == "bad_result", execution.result
+    wire = convert.tool_result_to_pb(execution.result)
+    assert type(wire).FromString(wire.SerializeToString()).envelope.err.err_kind == "bad_result"
+
+
+async def test_a_response_with_cards_and_a_cost_still_comes_back(pool: WorkerPool) -> None:
+    execution = await Sandbox(pool).execute(
+        tool_name="t",
+        code="result = {'message': 'm', 'cards': [{'a': {'b': [1, 2]}}], 'cost': 0.25}",
+        inputs={},
+        limits=LIMITS,
+    )
+    assert execution.result.cards == [{"a": {"b": [1, 2]}}] and execution.result.cost == 0.25
+
+
+async def test_a_forged_table_that_is_not_arrow_ipc_is_an_err(pool: WorkerPool) -> None:
+    out = await run(
+        pool,
+        forge(
+            "j({'type': 'result', 'form': 'table', 'content': 't', 'has_table': True})"
+            " + frame(66, b'not arrow at all')"
+        ),
+    )
+    assert out.ok and out.form == "table", out
+    result = outcome_to_result("t", out)
+    assert getattr(result.envelope, "err_kind", "") == "bad_result", result
