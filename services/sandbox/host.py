@@ -26,6 +26,7 @@ from typing import Any
 
 from services.sandbox import worker as wire
 from services.sandbox.cgroups import CgroupLimiter, default_name, host_pid
+from services.sandbox.ipc_check import table_problem
 from shared.errors import FailedPrecondition, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -668,6 +669,14 @@ class WorkerPool:
                         bkind, table_ipc = await self._read_frame(reader, max_frame, deadline)
                         if bkind != wire.BYTES_FRAME:
                             raise wire.FrameError("expected the table's Arrow IPC frame")
+                        problem = table_problem(table_ipc, max_cells=limits.output_bytes)
+                        if problem is not None:
+                            return RunOutcome(
+                                ok=False,
+                                error_kind=problem[0],
+                                message=f"the result cannot be returned: {problem[1]}",
+                                tool_calls=calls,
+                            )
                     response = msg.get("response")
                     return RunOutcome(
                         ok=True,

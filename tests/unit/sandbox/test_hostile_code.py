@@ -218,12 +218,13 @@ async def test_a_pre_started_worker_is_out_of_reach_of_the_running_one(pool: Wor
 # --- results the service could not send on, or must not act on -------------------------------
 
 
-def forge(frames: str) -> str:
-    """Code that writes `frames` (an expression of bytes) straight to its reply pipe, as a
-    worker that ignores the protocol would, then waits to be killed."""
+def forge(frames: str, setup: str = "") -> str:
+    """Code that runs `setup`, then writes `frames` (an expression of bytes) straight to its
+    reply pipe, as a worker that ignores the protocol would, then waits to be killed."""
     return (
         ESCAPE
-        + "import json, struct, time\n"
+        + setup
+        + "\nimport json, struct, time\n"
         + "def frame(kind, body):\n"
         + "    return struct.pack('>IB', len(body), kind) + body\n"
         + "def j(obj):\n"
@@ -274,13 +275,63 @@ async def test_a_response_with_cards_and_a_cost_still_comes_back(pool: WorkerPoo
 
 
 async def test_a_forged_table_that_is_not_arrow_ipc_is_an_err(pool: WorkerPool) -> None:
-    out = await run(
-        pool,
-        forge(
-            "j({'type': 'result', 'form': 'table', 'content': 't', 'has_table': True})"
-            " + frame(66, b'not arrow at all')"
-        ),
-    )
-    assert out.ok and out.form == "table", out
-    result = outcome_to_result("t", out)
+    head = "j({'type': 'result', 'form': 'table', 'content': 't', 'has_table': True})"
+    out = await run(pool, forge(head + " + frame(66, b'not arrow at all')"))
+    assert not out.ok and out.error_kind == "bad_result", out
+    # The core does not trust what reaches it either (before, this raised: INTERNAL).
+    result = outcome_to_result("t", RunOutcome(ok=True, form="table", table_ipc=b"junk"))
     assert getattr(result.envelope, "err_kind", "") == "bad_result", result
+
+
+def forged_table(build: str) -> str:
+    """A forged result frame whose table is the Arrow IPC stream `build` leaves in `blob`."""
+    setup = (
+        "import io, pyarrow as pa, pyarrow.ipc as ipc\n"
+        "def stream(table, **options):\n"
+        "    sink = io.BytesIO()\n"
+        "    with ipc.new_stream(sink, table.schema, **options) as writer:\n"
+        "        writer.write_table(table)\n"
+        "    return sink.getvalue()\n" + build
+    )
+    head = "j({'type': 'result', 'form': 'table', 'content': 't', 'has_table': True})"
+    return forge(head + " + frame(66, blob)", setup)
+
+
+@pytest.mark.parametrize(
+    ("build", "kind"),
+    [
+        # 10^8 nulls: a 600-byte stream that decoded to an 800 MB object column in the host.
+        ("blob = stream(pa.table({'a': pa.nulls(100_000_000)}))", "output_limit"),
+        # A compressed buffer states its own decompressed size.
+        (
+            "blob = stream(pa.table({'a': [0] * 1000}), "
+            "options=ipc.IpcWriteOptions(compression='zstd'))",
+            "bad_result",
+        ),
+        # A string whose offsets reach far past its 7-byte buffer: converting it read the host's
+        # memory (or segfaulted the service, for offsets that left the mapping).
+        (
+            "import struct\nblob = stream(pa.table({'s': ['ZZZZZZZ']}))\n"
+            "at = blob.find(b'ZZZZZZZ') - 4\n"
+            "blob = blob[:at] + struct.pack('<i', 3000) + blob[at + 4:]",
+            "bad_result",
+        ),
+    ],
+)
+async def test_a_forged_table_the_host_must_not_decode_is_an_err(
+    pool: WorkerPool, build: str, kind: str
+) -> None:
+    out = await run(pool, forged_table(build))
+    assert not out.ok and out.error_kind == kind, out
+    await alive(pool)
+
+
+async def test_an_honest_table_of_more_cells_than_output_bytes_is_an_output_limit(
+    pool: WorkerPool,
+) -> None:
+    """All-None columns are Arrow's null type, which costs no bytes at all: without a count of
+    cells the output limit did not bound what every service decoding the result would hold."""
+    out = await run(pool, "result = pd.DataFrame({'a': [None] * 400_000})")
+    assert not out.ok and out.error_kind == "output_limit", out
+    ok = await run(pool, "result = pd.DataFrame({'a': [None] * 1000, 'b': range(1000)})")
+    assert ok.ok and ok.form == "table", ok
