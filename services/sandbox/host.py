@@ -721,7 +721,7 @@ class WorkerPool:
             )
         except (EOFError, asyncio.IncompleteReadError, BrokenPipeError, ConnectionError):
             return await self._died(worker, limits, calls)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, RecursionError) as exc:  # RecursionError: nested JSON
             worker.kill()
             return RunOutcome(
                 ok=False,

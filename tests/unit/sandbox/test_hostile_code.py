@@ -335,3 +335,15 @@ async def test_an_honest_table_of_more_cells_than_output_bytes_is_an_output_limi
     assert not out.ok and out.error_kind == "output_limit", out
     ok = await run(pool, "result = pd.DataFrame({'a': [None] * 1000, 'b': range(1000)})")
     assert ok.ok and ok.form == "table", ok
+
+
+@pytest.mark.parametrize("field", ["inputs", "content"])
+async def test_a_frame_nested_past_the_hosts_recursion_limit_is_a_protocol_error(
+    pool: WorkerPool, field: str
+) -> None:
+    """json.loads raised RecursionError in the host, which nothing caught: INTERNAL."""
+    kind = "call_tool" if field == "inputs" else "result"
+    body = f'b\'{{"type": "{kind}", "name": "x", "{field}": \' + b\'[\' * 50000 + b\']\' * 50000'
+    out = await run(pool, forge(f"frame(74, {body} + b'}}')"))
+    assert not out.ok and out.error_kind == "protocol_error", out
+    await alive(pool)
