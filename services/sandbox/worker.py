@@ -495,7 +495,7 @@ def worker_main(
             {
                 "type": "error",
                 "kind": "execution_error",
-                "message": f"{type(exc).__name__}{where}: {str(exc)[:2000]}",
+                "message": _describe(exc, where),
             }
         )
         return
@@ -514,6 +514,21 @@ def _empty(workdir: str) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _describe(exc: BaseException, where: str = "") -> str:
+    """`Type<where>: message` of an exception the code raised. Its class and its `__str__` are the
+    code's own: one that raises (even SystemExit) or returns a non-string must not take the
+    worker down with it, which left only "exit code 70" to report."""
+    try:
+        name = str(type.__getattribute__(type(exc), "__name__"))[:200]
+    except BaseException:  # noqa: BLE001 - the code's own metaclass
+        name = "an exception"
+    try:
+        text = str(exc)[:2000]
+    except BaseException:  # noqa: BLE001 - the code's own __str__
+        text = "(its message could not be rendered)"
+    return f"{name}{where}: {text}"
 
 
 def _user_line(exc: BaseException) -> int | None:
@@ -563,8 +578,10 @@ def _send_result(
     except MemoryError:
         send({"type": "error", "kind": "memory_limit", "message": "memory limit exceeded"})
         return
-    except Exception as exc:  # noqa: BLE001 - an unrenderable result is the code's error
-        send({"type": "error", "kind": "execution_error", "message": f"bad result: {exc}"})
+    except BaseException as exc:  # noqa: BLE001 - rendering runs the code's own __str__ etc.
+        send(
+            {"type": "error", "kind": "execution_error", "message": f"bad result: {_describe(exc)}"}
+        )
         return
     if size > output_limit:
         send(

@@ -347,3 +347,33 @@ async def test_a_frame_nested_past_the_hosts_recursion_limit_is_a_protocol_error
     out = await run(pool, forge(f"frame(74, {body} + b'}}')"))
     assert not out.ok and out.error_kind == "protocol_error", out
     await alive(pool)
+
+
+# --- code that breaks the worker's own reporting --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "named"),
+    [
+        (
+            "class E(Exception):\n    def __str__(self):\n        raise E()\nraise E()",
+            "E (line 4)",
+        ),
+        (
+            ESCAPE + "class R:\n    def __str__(self):\n        raise SystemExit(3)\nresult = R()",
+            "SystemExit",
+        ),
+        (
+            ESCAPE + "class R:\n    def __str__(self):\n        raise KeyboardInterrupt\n"
+            "result = R()",
+            "KeyboardInterrupt",
+        ),
+    ],
+)
+async def test_an_exception_that_cannot_be_rendered_is_still_an_execution_error(
+    pool: WorkerPool, code: str, named: str
+) -> None:
+    """Before, the worker raised again while reporting it and died: Err crashed, exit code 70."""
+    out = await run(pool, code)
+    assert not out.ok and out.error_kind == "execution_error", out
+    assert named in out.message, out.message
