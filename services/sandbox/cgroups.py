@@ -75,6 +75,23 @@ class CgroupLimiter:
                 with contextlib.suppress(OSError):
                     (path / name).write_text(str(limit_bytes))
 
+    def oom_killed(self, wid: int) -> bool:
+        """Whether the kernel's OOM killer killed a task of the worker's memory cgroup (read
+        before `release`): `oom_kill` in memory.oom_control (v1) or memory.events (v2)."""
+        for controller, path in self._dirs(wid).items():
+            if controller not in ("memory", ""):
+                continue
+            name = "memory.events" if controller == "" else "memory.oom_control"
+            try:
+                lines = (path / name).read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                    return True
+        return False
+
     def release(self, wid: int) -> None:
         """Remove the worker's cgroups (after it exited)."""
         for path in self._dirs(wid).values():

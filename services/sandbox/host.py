@@ -95,6 +95,7 @@ class _Worker:
     from_worker: int
     exited: asyncio.Future[tuple[int, int]] = field(repr=False)
     generation: int = 0  # which zygote forked it
+    oom_killed: bool = False  # its cgroup saw the OOM killer (known once it exited)
 
     def kill(self) -> None:
         if self.pidfd >= 0:
@@ -429,6 +430,8 @@ class WorkerPool:
         elif event == "exited":
             worker = self._workers.pop(int(msg["id"]), None)
             if self._cgroups is not None:
+                if worker is not None:
+                    worker.oom_killed = self._cgroups.oom_killed(int(msg["id"]))
                 self._cgroups.release(int(msg["id"]))
             if worker is not None and not worker.exited.done():
                 worker.exited.set_result((int(msg["code"]), int(msg["signal"])))
@@ -745,6 +748,15 @@ class WorkerPool:
                 error_kind="cpu_limit",
                 message=f"execution exceeded the {limits.cpu_seconds:g}s CPU-time limit and was "
                 "killed",
+                tool_calls=calls,
+            )
+        if sig == signal.SIGKILL and worker.oom_killed:
+            return RunOutcome(
+                ok=False,
+                killed=True,
+                error_kind="memory_limit",
+                message=f"execution exceeded the {limits.memory_bytes >> 20} MiB memory limit "
+                "(files written to /tmp count too) and was killed",
                 tool_calls=calls,
             )
         if sig == signal.SIGKILL:

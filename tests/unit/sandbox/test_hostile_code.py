@@ -377,3 +377,24 @@ async def test_an_exception_that_cannot_be_rendered_is_still_an_execution_error(
     out = await run(pool, code)
     assert not out.ok and out.error_kind == "execution_error", out
     assert named in out.message, out.message
+
+
+@pytest.mark.parametrize(
+    "fill",
+    [
+        "for i in range(100):\n    with open(f'f{i}', 'wb') as f:\n        f.write(chunk)",
+        "fds = [os.memfd_create(f'm{i}') for i in range(40)]\nfor fd in fds:\n"
+        "    os.write(fd, chunk)",
+    ],
+)
+async def test_filling_tmp_or_memfds_past_the_cgroup_limit_is_an_err_memory_limit(
+    pool: WorkerPool, fill: str
+) -> None:
+    """Files in the private /tmp (a tmpfs) and memfds are memory no RLIMIT_AS counts; the
+    cgroup's OOM killer stops them, which was reported as an unexplained Err `killed`."""
+    if pool._cgroups is None:
+        pytest.skip("cgroups are not writable here; rlimits and seccomp still apply")
+    code = ESCAPE + "chunk = b'x' * (16 << 20)\n" + fill + "\nresult = 'ESCAPED'"
+    out = await run(pool, code)
+    assert not out.ok and out.error_kind == "memory_limit", out
+    await alive(pool)
