@@ -264,9 +264,16 @@ class EffectProblem(Exception):
         self.message = message
 
 
+# Where tools write the files they export, under the data dir: only files in it can become
+# downloads. The rest of the data dir (the SQLite database, uploaded data files, other state)
+# must never be published by a result that names it.
+EXPORTS_DIR = "exports"
+
+
 def resolve_export_path(data_dir: Path, raw: str) -> Path:
-    """The export's file, which must be an existing regular file under the data dir (after
-    resolving `..` and symlinks); a relative path is relative to the data dir."""
+    """The export's file, which must be an existing regular file under the data dir's
+    `exports/` (after resolving `..` and symlinks); a relative path is relative to the data
+    dir."""
     if not raw:
         raise EffectProblem("export_invalid", "export has no path")
     root = data_dir.resolve()
@@ -276,7 +283,13 @@ def resolve_export_path(data_dir: Path, raw: str) -> Path:
         raise EffectProblem(
             "export_path_outside_data_dir",
             f"export path {raw!r} resolves outside the data directory; exports must be written "
-            "under it",
+            f"under its {EXPORTS_DIR}/",
+        )
+    if not path.is_relative_to(root / EXPORTS_DIR):
+        raise EffectProblem(
+            "export_path_outside_exports",
+            f"export path {raw!r} is not under the data directory's {EXPORTS_DIR}/: only files "
+            "written there can be exported",
         )
     if not path.is_file():
         raise EffectProblem("export_missing", f"export file {raw!r} does not exist")

@@ -182,6 +182,9 @@ async def test_an_export_is_registered_announced_and_downloadable(env: Env) -> N
         ("outside-absolute", "export_path_outside_data_dir"),
         ("outside-dotdot", "export_path_outside_data_dir"),
         ("symlink-out", "export_path_outside_data_dir"),
+        ("the-database", "export_path_outside_exports"),
+        ("a-data-file", "export_path_outside_exports"),
+        ("symlink-to-the-database", "export_path_outside_exports"),
         ("missing", "export_missing"),
         ("empty", "export_invalid"),
     ],
@@ -193,7 +196,16 @@ async def test_a_bad_export_becomes_an_err_naming_the_problem(
     outside.write_text("not yours")
     link = env.data_dir / "exports" / "link.txt"
     os.symlink(outside, link)
+    # Inside the data dir but not written as an export: never published (before: any file
+    # under the data dir was, the SQLite database included).
+    (env.data_dir / "toolmesh.db").write_bytes(b"SQLite format 3\x00")
+    (env.data_dir / "files").mkdir(exist_ok=True)
+    (env.data_dir / "files" / "people.csv").write_text("name\nAda\n")
+    os.symlink(env.data_dir / "toolmesh.db", env.data_dir / "exports" / "db-link")
     path = {
+        "the-database": str(env.data_dir / "toolmesh.db"),
+        "a-data-file": "files/people.csv",
+        "symlink-to-the-database": "exports/db-link",
         "outside-absolute": str(outside),
         "outside-dotdot": "../secret.txt",
         "symlink-out": "exports/link.txt",
