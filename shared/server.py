@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared.auth import ApiKeys
-from shared.errors import Internal, ToolmeshError
+from shared.errors import Internal, ToolmeshError, Unavailable
 from shared.mux import MuxServicer
 from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
@@ -33,9 +33,15 @@ logger = logging.getLogger(__name__)
 # Infrastructure RPCs that are not traced (they would drown real calls), but still error-mapped.
 _UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# After the drain, what server.stop still waits for (call streams sending their last answers).
+STOP_GRACE_FLOOR_S = 0.5
 MUX_SERVICE = mux_pb2.DESCRIPTOR.services_by_name["MuxService"].full_name
 # Each server's call-stream servicer, drained when the server shuts down.
 _MUX_OF: weakref.WeakKeyDictionary[grpc.aio.Server, MuxServicer] = weakref.WeakKeyDictionary()
+# Each server's handler wrapper, which drains the server's calls before it stops.
+_WRAPPER_OF: weakref.WeakKeyDictionary[grpc.aio.Server, HandlerWrapper] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,39 @@ class HandlerWrapper:
         # method -> (the service's handler, its wrapped handler): one wrapper per method, shared
         # by the generic and the registered-method lookups.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        # Calls running (health and reflection aside), and whether new ones are refused.
+        self._inflight = 0
+        self._draining = False
+        self._idle: asyncio.Event | None = None
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new calls (UNAVAILABLE, reason SHUTTING_DOWN: a client retries them on
+        another replica) and wait up to `timeout_s` for the running ones to end; True when
+        they did. The server goes on matching calls meanwhile: a call gRPC has received but
+        not yet handed to a handler when the server stops is answered CANCELLED, which no
+        client retries (grpc/grpc#41785), so the server stops only once idle."""
+        self._draining = True
+        if self._inflight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _enter(self) -> None:
+        if self._draining:
+            raise Unavailable(
+                "the service is shutting down; retry on another replica",
+                reason="SHUTTING_DOWN",
+            )
+        self._inflight += 1
+
+    def _exit(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0 and self._idle is not None:
+            self._idle.set()
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         cached = self._wrapped.get(method)
@@ -118,6 +157,7 @@ class HandlerWrapper:
         infrastructure = method.startswith(_UNTRACED_PREFIXES)
         traced = self._tracing and not infrastructure
         auth = None if infrastructure else self._auth
+        counting = not infrastructure  # a health Watch never ends: it does not hold a drain
         service, _, name = method.lstrip("/").rpartition("/")
         attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
         span_name = method.lstrip("/")
@@ -149,12 +189,19 @@ class HandlerWrapper:
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with start_span(context) as span:
+                    counted = False
                     try:
+                        if counting:
+                            self._enter()
+                            counted = True
                         if auth is not None:
                             auth.check(name, request, context)
                         return await inner(request, context)
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
+                    finally:
+                        if counted:
+                            self._exit()
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
@@ -166,13 +213,20 @@ class HandlerWrapper:
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with start_span(context) as span:
+                    counted = False
                     try:
+                        if counting:
+                            self._enter()
+                            counted = True
                         if auth is not None:
                             auth.check(name, request, context)
                         async for item in inner_stream(request, context):
                             yield item
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
+                    finally:
+                        if counted:
+                            self._exit()
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream,
@@ -286,9 +340,9 @@ async def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    registrar: Any = Registrar(
-        server, HandlerWrapper(tracing, trust_baggage=trust_baggage, auth=auth)
-    )
+    wrapper = HandlerWrapper(tracing, trust_baggage=trust_baggage, auth=auth)
+    _WRAPPER_OF[server] = wrapper
+    registrar: Any = Registrar(server, wrapper)
     for binding in bindings:
         binding.add_to_server(binding.servicer, registrar)
     health_servicer = health.aio.HealthServicer()
@@ -363,10 +417,15 @@ async def serve_until_signalled(
         watcher.cancel()
     logger.info("shutting down (grace %.1fs)", grace_s)
     await health_servicer.enter_graceful_shutdown()
+    began = asyncio.get_running_loop().time()
     mux = _MUX_OF.get(server)
     if mux is not None:  # call streams: no new calls, the started ones answered, then ended
         mux.drain()
-    await server.stop(grace_s)
+    wrapper = _WRAPPER_OF.get(server)
+    if wrapper is not None and not await wrapper.drain(grace_s):
+        logger.warning("calls still running after the %.1fs grace are cancelled", grace_s)
+    left = grace_s - (asyncio.get_running_loop().time() - began)
+    await server.stop(max(left, STOP_GRACE_FLOOR_S))
     for task in (waiter, stopper):
         task.cancel()
     if on_stop is not None:

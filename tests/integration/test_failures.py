@@ -268,6 +268,15 @@ def health_status(address: str) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
 
+def wait_until_draining(address: str, timeout: float) -> None:
+    """Until the server reports NOT_SERVING: it drains (new calls refused, running ones go on)."""
+    deadline = time.monotonic() + timeout
+    while health_status(address) == "SERVING":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{address} still reports SERVING after {timeout}s")
+        time.sleep(0.02)  # polling, bounded by the deadline
+
+
 def wait_until_refusing(address: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while health_status(address) in {"SERVING", "NOT_SERVING"}:
@@ -293,7 +302,7 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0_and_refuses_new_cal
         with services(dispatcher), grpc.insecure_channel(dispatcher.address) as ch:
             stub = dispatcher_pb2_grpc.DispatcherServiceStub(ch)
             slow: Future[dpb.DispatchToolCallResponse] = stub.DispatchToolCall.future(
-                request("ping", {"delay_ms": 1000, "echo": "slow"}, "drain"), timeout=30
+                request("ping", {"delay_ms": 2000, "echo": "slow"}, "drain"), timeout=30
             )
             # A quick call sent after the slow one on the same connection: once it is answered,
             # both services have received the slow call (HTTP/2 frames arrive in order).
@@ -302,10 +311,16 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0_and_refuses_new_cal
             assert not slow.done()
 
             target.process.send_signal(signal.SIGTERM)
-            wait_until_refusing(target.address, timeout=GRACE_S)
+            # While it drains, a new call on the open connection is refused UNAVAILABLE (which
+            # a client retries elsewhere), never CANCELLED (what gRPC answers for a call it
+            # held unmatched when the server stopped: grpc/grpc#41785).
+            wait_until_draining(target.address, timeout=GRACE_S)
             with pytest.raises(grpc.RpcError) as refused:
                 stub.DispatchToolCall(request("ping", {}, "drain-late"), timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            if victim == "dispatcher" and not slow.done():
+                assert from_rpc_error(refused.value).reason == "SHUTTING_DOWN"
+            wait_until_refusing(target.address, timeout=GRACE_S + 2)
 
             response = slow.result(timeout=30)
             assert response.result.envelope.WhichOneof("kind") == "ok"
