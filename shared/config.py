@@ -163,6 +163,13 @@ class Settings:
                         (nobody / nogroup) — the host uid and gid custom tools run as when the
                         sandbox service runs as root (never 0); an unprivileged service runs
                         them as its own uid inside a user namespace.
+    sandbox_max_concurrent  TOOLMESH_SANDBOX_MAX_CONCURRENT, default 16 — custom-tool executions
+                        one sandbox process runs at once (nested ones included).
+    sandbox_tenant_max_concurrent  TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT, default 4 — the most
+                        of those one tenant's executions take at once (0: no cap of its own).
+    sandbox_slot_wait_s TOOLMESH_SANDBOX_SLOT_WAIT_S, default 10 — the longest an execution waits
+                        for a slot (a nested one never past its caller's wall clock); then Err
+                        concurrency_limit.
     sandbox_job_workers TOOLMESH_SANDBOX_JOB_WORKERS, default 1 — tool-build job workers per
                         sandbox process (0: this replica claims no jobs).
     api_keys_file       TOOLMESH_API_KEYS_FILE, default none (the dispatcher runs open) — JSON of
@@ -219,6 +226,9 @@ class Settings:
     sandbox_memory_mb: int = 512
     sandbox_output_bytes: int = 1024 * 1024
     sandbox_max_tool_calls: int = 16
+    sandbox_max_concurrent: int = 16
+    sandbox_tenant_max_concurrent: int = 4
+    sandbox_slot_wait_s: float = 10.0
     sandbox_job_workers: int = 1
     sandbox_job_lease_s: float = 60.0
     sandbox_job_max_attempts: int = 3
@@ -295,6 +305,9 @@ class Settings:
             sandbox_memory_mb=_int(env, "TOOLMESH_SANDBOX_MEMORY_MB", 512),
             sandbox_output_bytes=_int(env, "TOOLMESH_SANDBOX_OUTPUT_BYTES", 1024 * 1024),
             sandbox_max_tool_calls=_int(env, "TOOLMESH_SANDBOX_MAX_TOOL_CALLS", 16),
+            sandbox_max_concurrent=_int(env, "TOOLMESH_SANDBOX_MAX_CONCURRENT", 16),
+            sandbox_tenant_max_concurrent=_int(env, "TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT", 4),
+            sandbox_slot_wait_s=_float(env, "TOOLMESH_SANDBOX_SLOT_WAIT_S", 10.0),
             sandbox_job_workers=_int(env, "TOOLMESH_SANDBOX_JOB_WORKERS", 1),
             sandbox_job_lease_s=_float(env, "TOOLMESH_SANDBOX_JOB_LEASE_S", 60.0),
             sandbox_job_max_attempts=_int(env, "TOOLMESH_SANDBOX_JOB_MAX_ATTEMPTS", 3),

@@ -35,7 +35,12 @@ SERVICE = "sandbox"
 async def serve(settings: Settings, port: int) -> None:
     stop = install_stop_signals()
     pool = WorkerPool(
-        size=settings.sandbox_pool_size, uid=settings.sandbox_uid, gid=settings.sandbox_gid
+        size=settings.sandbox_pool_size,
+        uid=settings.sandbox_uid,
+        gid=settings.sandbox_gid,
+        max_concurrent=settings.sandbox_max_concurrent,
+        tenant_max_concurrent=settings.sandbox_tenant_max_concurrent,
+        slot_wait_s=settings.sandbox_slot_wait_s,
     )
     await pool.start()  # before the gRPC server and its threads exist
     setup_tracing(SERVICE, settings)

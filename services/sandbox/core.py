@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from services.sandbox import precheck
+from services.sandbox.admission import Origin
 from services.sandbox.host import Limits, RunOutcome
 from shared import schema_regex
 from shared.arrow_ipc import dataframe_to_ipc, ipc_to_dataframe
@@ -54,6 +55,7 @@ class Runner(Protocol):
         limits: Limits,
         df_ipc: bytes | None = None,
         on_call_tool: Any = None,
+        origin: Origin | None = None,
     ) -> RunOutcome: ...
 
 
@@ -114,6 +116,7 @@ class Sandbox:
         limits: Limits,
         df: pd.DataFrame | None = None,
         caller: NestedCaller | None = None,
+        origin: Origin | None = None,
     ) -> Execution:
         problem = precheck.check(code)
         if problem is not None:
@@ -157,6 +160,7 @@ class Sandbox:
                 limits=limits,
                 df_ipc=dataframe_to_ipc(df) if df is not None else None,
                 on_call_tool=on_call_tool,
+                origin=origin,
             )
             span.set_attribute("toolmesh.sandbox.tool_calls", outcome.tool_calls)
             if not outcome.ok:

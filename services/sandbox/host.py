@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from services.sandbox import worker as wire
+from services.sandbox.admission import Admission, Origin, SlotRefused
 from services.sandbox.cgroups import CgroupLimiter, default_name, host_pid
 from services.sandbox.ipc_check import table_problem
 from shared.errors import FailedPrecondition, Unavailable
@@ -263,6 +264,8 @@ class WorkerPool:
         start_timeout_s: float = 60.0,
         max_input_bytes: int = 64 << 20,
         max_concurrent: int = 16,
+        tenant_max_concurrent: int = 4,
+        slot_wait_s: float = 10.0,
         cgroups: bool = True,
         uid: int = NOBODY,
         gid: int = NOGROUP,
@@ -270,8 +273,12 @@ class WorkerPool:
         self._size = max(1, size)
         # Who executions run as on the host when the service is root (see bwrap_command).
         self._run_as = (uid, gid)
-        # Executions beyond this wait for a slot: a flood cannot fork without bound.
-        self._slots = asyncio.Semaphore(max(1, max_concurrent))
+        # Executions beyond these wait for a slot, for a bounded time: a flood cannot fork
+        # without bound, one tenant cannot take every slot, and a nested call cannot wait for
+        # a slot only its own callers could free (admission.py).
+        self.admission = Admission(
+            total=max_concurrent, per_tenant=tenant_max_concurrent, wait_s=slot_wait_s
+        )
         self._bwrap = bwrap or shutil.which("bwrap") or ""
         self._start_timeout_s = start_timeout_s
         self._max_input_bytes = max_input_bytes
@@ -580,10 +587,16 @@ class WorkerPool:
         limits: Limits,
         df_ipc: bytes | None = None,
         on_call_tool: ToolCallHandler | None = None,
+        origin: Origin | None = None,
     ) -> RunOutcome:
-        """Run `code` once on a fresh worker. Never raises for anything the code does."""
-        async with self._slots:
-            return await self._run(code, inputs, tool_name, limits, df_ipc, on_call_tool)
+        """Run `code` once on a fresh worker, once `origin` (who it runs for, where in its call
+        tree) gets a slot; an Err `concurrency_limit` naming the limit when it gets none. Never
+        raises for anything the code does."""
+        try:
+            async with self.admission.slot(origin or Origin(), limits.wall_seconds):
+                return await self._run(code, inputs, tool_name, limits, df_ipc, on_call_tool)
+        except SlotRefused as exc:
+            return RunOutcome(ok=False, error_kind="concurrency_limit", message=str(exc))
 
     async def _run(
         self,

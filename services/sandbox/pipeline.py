@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.sandbox.admission import Origin
 from services.sandbox.core import NAME_RE, Sandbox, validate_definition
 from services.sandbox.repository import (
     DEFAULT_LEASE_S,
@@ -119,12 +120,17 @@ class ToolAuditor:
         self._sandbox = sandbox
         self._llm = llm
 
-    async def run_tests(self, built: Built) -> dict[str, Any]:
+    async def run_tests(self, built: Built, tenant_id: str = "") -> dict[str, Any]:
         limits = self._sandbox.caps.resolve()
+        origin = Origin(tenant=tenant_id)  # its tests count against the job's tenant's cap
         outcomes = []
         for test in built.tests:
             execution = await self._sandbox.execute(
-                tool_name=built.name, code=built.code, inputs=test["inputs"], limits=limits
+                tool_name=built.name,
+                code=built.code,
+                inputs=test["inputs"],
+                limits=limits,
+                origin=origin,
             )
             content, error = execution.result.content, execution.result.error
             passed = error is None and test["expect"] in content
@@ -276,7 +282,7 @@ class JobPipeline:
                 test_results=None,
                 rejection_reason=None,
             )
-            results = await self._auditor.run_tests(built)
+            results = await self._auditor.run_tests(built, job.tenant_id)
             if results["passed"] != results["total"]:
                 raise BuildRejected(
                     f"{results['total'] - results['passed']} of {results['total']} tests failed",

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from services.sandbox.admission import Origin
 from services.sandbox.core import NAME_RE, Sandbox, validate_definition
 from services.sandbox.repository import CustomTool, Job, SqlSandboxRepository
 from shared import convert
@@ -196,6 +197,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             if self._registry_address
             else None
         )
+        # Who it runs for and where in its call tree (every nested call keeps the root call's
+        # tool_use_id, one level deeper): the pool's per-tenant cap and its wait for a slot.
+        remaining = context.time_remaining()
+        origin = Origin(
+            tenant=request.context.tenant_id,
+            tree=request.context.tool_use_id,
+            depth=request.context.depth,
+            deadline=None if remaining is None else asyncio.get_running_loop().time() + remaining,
+        )
         try:
             execution = await self._core.execute(
                 tool_name=request.tool_name,
@@ -204,6 +214,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 limits=limits,
                 df=df,
                 caller=caller,
+                origin=origin,
             )
         finally:
             if caller is not None:

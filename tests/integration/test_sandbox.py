@@ -604,3 +604,44 @@ def test_a_custom_tools_response_cannot_claim_host_files_as_exports(smesh: Mesh)
         dpb.ListExportsRequest(conversation_id="exfiltrate", tenant_id="tenant-a"), timeout=30
     ).exports
     assert list(listed) == []
+
+
+def test_recursive_custom_tools_get_a_clear_err_instead_of_stalling_every_slot(
+    smesh: Mesh,
+) -> None:
+    """A custom tool calling itself held a slot at each level while the next level waited for
+    one: three such chains (up to 9 levels each) took all 16 slots of the sandbox and waited on
+    each other until their wall clocks killed them, stalling every tenant's custom tools. Now
+    one tenant's executions take at most TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT slots, and a
+    nested call only its own callers could make room for is refused at once, naming the limit."""
+    add(
+        smesh,
+        "recurse",
+        "r = call_tool('recurse', {})\n"
+        "result = r['content'] if r['ok'] else 'ERR ' + str(r['error'])",
+    )
+    results: dict[int, dpb.DispatchToolCallResponse] = {}
+
+    def chain(n: int) -> None:
+        results[n] = smesh.call(
+            "recurse", conversation=f"recurse-{n}", tool_use_id=f"toolu_recurse_{n}", timeout=120
+        )
+
+    threads = [threading.Thread(target=chain, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(150)
+    assert sorted(results) == [0, 1, 2]
+    for response in results.values():
+        assert kind(response) == "ok", response.result.content
+        content = response.result.content
+        assert "nested call refused: tenant 'tenant-a' runs the 4" in content, content
+        assert "TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT" in content
+    after = sandbox(smesh).Execute(
+        spb.ExecuteRequest(
+            tool_name="q", code="result = 'alive'", context=pb.CallContext(tenant_id="tenant-a")
+        ),
+        timeout=30,
+    )
+    assert after.result.content == "alive"
