@@ -167,6 +167,8 @@ class Settings:
                         one sandbox process runs at once (nested ones included).
     sandbox_tenant_max_concurrent  TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT, default 4 — the most
                         of those one tenant's executions take at once (0: no cap of its own).
+    sandbox_tmp_mb      TOOLMESH_SANDBOX_TMP_MB, default TOOLMESH_SANDBOX_MEMORY_MB (512) — size
+                        cap of the private /tmp the sandbox's workers share (bwrap 0.8+; 0: none).
     sandbox_slot_wait_s TOOLMESH_SANDBOX_SLOT_WAIT_S, default 10 — the longest an execution waits
                         for a slot (a nested one never past its caller's wall clock); then Err
                         concurrency_limit.
@@ -229,6 +231,7 @@ class Settings:
     sandbox_max_concurrent: int = 16
     sandbox_tenant_max_concurrent: int = 4
     sandbox_slot_wait_s: float = 10.0
+    sandbox_tmp_mb: int = 512
     sandbox_job_workers: int = 1
     sandbox_job_lease_s: float = 60.0
     sandbox_job_max_attempts: int = 3
@@ -308,6 +311,9 @@ class Settings:
             sandbox_max_concurrent=_int(env, "TOOLMESH_SANDBOX_MAX_CONCURRENT", 16),
             sandbox_tenant_max_concurrent=_int(env, "TOOLMESH_SANDBOX_TENANT_MAX_CONCURRENT", 4),
             sandbox_slot_wait_s=_float(env, "TOOLMESH_SANDBOX_SLOT_WAIT_S", 10.0),
+            sandbox_tmp_mb=_int(
+                env, "TOOLMESH_SANDBOX_TMP_MB", _int(env, "TOOLMESH_SANDBOX_MEMORY_MB", 512)
+            ),
             sandbox_job_workers=_int(env, "TOOLMESH_SANDBOX_JOB_WORKERS", 1),
             sandbox_job_lease_s=_float(env, "TOOLMESH_SANDBOX_JOB_LEASE_S", 60.0),
             sandbox_job_max_attempts=_int(env, "TOOLMESH_SANDBOX_JOB_MAX_ATTEMPTS", 3),

@@ -41,6 +41,7 @@ async def serve(settings: Settings, port: int) -> None:
         max_concurrent=settings.sandbox_max_concurrent,
         tenant_max_concurrent=settings.sandbox_tenant_max_concurrent,
         slot_wait_s=settings.sandbox_slot_wait_s,
+        tmp_bytes=settings.sandbox_tmp_mb * 1024 * 1024,
     )
     await pool.start()  # before the gRPC server and its threads exist
     setup_tracing(SERVICE, settings)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +54,10 @@ FRAME_OVERHEAD = 64 * 1024
 # The cgroup memory limit is the execution's memory limit plus this (pages shared with the
 # zygote stay charged to it; what a worker writes is charged to the worker).
 CGROUP_MEMORY_SLACK = 64 * 1024 * 1024
+# The private /tmp (one tmpfs all of a zygote's workers share) holds at most this by default:
+# the default memory limit of one execution. bwrap caps a tmpfs with `--size` from 0.8 on.
+DEFAULT_TMP_BYTES = 512 * 1024 * 1024
+TMPFS_SIZE_BWRAP = (0, 8)
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,40 @@ def _has_sys_admin() -> bool:
         if line.startswith("CapEff:"):
             return bool(int(line.split()[1], 16) >> cap_sys_admin & 1)
     return False
+
+
+def parse_bwrap_version(text: str) -> tuple[int, ...] | None:
+    """(0, 8, 0) from `bubblewrap 0.8.0`; None when the text names no version."""
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g) for g in match.groups() if g is not None) if match else None
+
+
+def tmp_size_for(bwrap: str, tmp_bytes: int) -> int | None:
+    """The size cap of the sandbox's /tmp that `bwrap` can apply: `tmp_bytes`, or None (no cap
+    of its own, said once in the log) when it is 0 or this bwrap predates `--size`."""
+    if tmp_bytes <= 0:
+        return None
+    try:
+        done = subprocess.run(
+            [bwrap, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+        version = parse_bwrap_version(done.stdout + done.stderr)
+    except (OSError, subprocess.SubprocessError):
+        version = None
+    if version is None or version < TMPFS_SIZE_BWRAP:
+        logger.warning(
+            "bubblewrap %s cannot cap a tmpfs (--size needs 0.8 or later): the sandbox's /tmp "
+            "has no size cap of its own; only a writable memory cgroup limits what workers "
+            "write there",
+            ".".join(map(str, version)) if version else "(version unknown)",
+        )
+        return None
+    return tmp_bytes
 
 
 def python_read_paths() -> list[str]:
@@ -233,6 +272,9 @@ def bwrap_command(bwrap: str, config: dict[str, Any]) -> list[str]:
     # bwrap makes the tmpfs as the uid it runs as: root's 0755 /tmp would not be writable by the
     # uid the zygote drops to (only sandbox processes, all of that uid, ever see this /tmp).
     binds.args += ["--perms", "1777"] if run_as else []
+    # Capped (bwrap 0.8+): files written there are memory no RLIMIT_AS sees, and without a
+    # writable memory cgroup nothing else stops them before the host's RAM does.
+    binds.args += ["--size", str(int(config["tmp_bytes"]))] if config.get("tmp_bytes") else []
     binds.args += ["--tmpfs", "/tmp"]
     binds.made("/tmp")
     for path in config["read_paths"]:
@@ -266,6 +308,7 @@ class WorkerPool:
         max_concurrent: int = 16,
         tenant_max_concurrent: int = 4,
         slot_wait_s: float = 10.0,
+        tmp_bytes: int = DEFAULT_TMP_BYTES,
         cgroups: bool = True,
         uid: int = NOBODY,
         gid: int = NOGROUP,
@@ -295,10 +338,17 @@ class WorkerPool:
         self._generation = 0
         self._use_cgroups = cgroups
         self._cgroups: CgroupLimiter | None = None
+        self._tmp_bytes = tmp_bytes
+        self.tmp_size: int | None = None  # the cap bwrap puts on /tmp (set by start)
 
     @property
     def isolation(self) -> dict[str, Any]:
-        return {"bwrap": self._bwrap, "size": self._size, "run_as": self._drop_to()}
+        return {
+            "bwrap": self._bwrap,
+            "size": self._size,
+            "run_as": self._drop_to(),
+            "tmp_bytes": self.tmp_size,
+        }
 
     def _drop_to(self) -> tuple[int, int] | None:
         """The (uid, gid) the zygote drops to: only when the service runs as root; otherwise
@@ -325,6 +375,7 @@ class WorkerPool:
                 "TOOLMESH_SANDBOX_UID and TOOLMESH_SANDBOX_GID to an unprivileged user",
                 reason="SANDBOX_UNAVAILABLE",
             )
+        self.tmp_size = await asyncio.to_thread(tmp_size_for, self._bwrap, self._tmp_bytes)
         if self._use_cgroups:
             limiter = await asyncio.to_thread(CgroupLimiter, default_name())
             self._cgroups = limiter if limiter.available else None
@@ -368,6 +419,7 @@ class WorkerPool:
             "max_input_bytes": self._max_input_bytes,
             "require_landlock": False,
             "run_as": self._drop_to(),
+            "tmp_bytes": self.tmp_size,
         }
         cmd = bwrap_command(self._bwrap, config)
         self._proc = subprocess.Popen(

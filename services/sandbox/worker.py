@@ -491,11 +491,16 @@ def worker_main(
     except BaseException as exc:  # noqa: BLE001 - user code failed: report it, never crash
         line = _user_line(exc)
         where = f" (line {line})" if line else ""
+        message = _describe(exc, where)
+        if _no_space(exc):
+            cap = int(config.get("tmp_bytes") or 0)
+            held = f"at most {cap >> 20} MiB, " if cap else ""
+            message += f" — the sandbox's /tmp holds {held}shared by the executions running at once"
         send(
             {
                 "type": "error",
-                "kind": "execution_error",
-                "message": _describe(exc, where),
+                "kind": "disk_limit" if _no_space(exc) else "execution_error",
+                "message": message,
             }
         )
         return
@@ -529,6 +534,17 @@ def _describe(exc: BaseException, where: str = "") -> str:
     except BaseException:  # noqa: BLE001 - the code's own __str__
         text = "(its message could not be rendered)"
     return f"{name}{where}: {text}"
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether the code failed with ENOSPC (its /tmp full), read past any `errno` override."""
+    import errno
+
+    try:
+        slot: Any = vars(OSError)["errno"]  # the member descriptor, not a subclass's errno
+        return isinstance(exc, OSError) and slot.__get__(exc, OSError) == errno.ENOSPC
+    except BaseException:  # noqa: BLE001 - the code's own exception class
+        return False
 
 
 def _user_line(exc: BaseException) -> int | None:

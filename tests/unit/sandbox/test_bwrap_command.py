@@ -5,11 +5,13 @@ a bind made traversable for that uid."""
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import pytest
 
-from services.sandbox.host import WorkerPool, bwrap_command
+from services.sandbox.host import WorkerPool, bwrap_command, parse_bwrap_version, tmp_size_for
 from shared.errors import FailedPrecondition
 
 READ_PATHS = [
@@ -77,3 +79,38 @@ async def test_a_pool_refuses_to_drop_to_root() -> None:
     with pytest.raises(FailedPrecondition) as info:
         await pool.start()
     assert info.value.reason == "SANDBOX_UNAVAILABLE"
+
+
+def test_the_private_tmp_gets_its_size_cap_just_before_its_tmpfs() -> None:
+    for run_as in (None, [65534, 65534]):
+        capped = bwrap_command(
+            "bwrap", {"read_paths": READ_PATHS, "run_as": run_as, "tmp_bytes": 8 << 20}
+        )
+        at = capped.index("/tmp", capped.index("--tmpfs"))
+        assert capped[at - 1] == "--tmpfs"
+        assert capped[at - 3 : at - 1] == ["--size", str(8 << 20)]
+        assert capped.count("--size") == 1
+    assert "--size" not in command(None)  # no cap asked (or bwrap too old): none given
+
+
+def _fake_bwrap(tmp_path: Path, output: str) -> str:
+    script = tmp_path / "bwrap"
+    script.write_text(f"#!/bin/sh\necho '{output}'\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_tmp_cap_is_applied_only_by_a_bwrap_that_supports_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert parse_bwrap_version("bubblewrap 0.8.0") == (0, 8, 0)
+    assert parse_bwrap_version("bubblewrap 0.11.1\n") == (0, 11, 1)
+    assert parse_bwrap_version("no version here") is None
+    assert tmp_size_for(_fake_bwrap(tmp_path, "bubblewrap 0.8.0"), 8 << 20) == 8 << 20
+    assert tmp_size_for(_fake_bwrap(tmp_path, "bubblewrap 0.10.0"), 8 << 20) == 8 << 20
+    assert tmp_size_for(_fake_bwrap(tmp_path, "bubblewrap 0.8.0"), 0) is None  # no cap asked
+    with caplog.at_level(logging.WARNING, logger="services.sandbox.host"):
+        assert tmp_size_for(_fake_bwrap(tmp_path, "bubblewrap 0.6.1"), 8 << 20) is None
+        assert tmp_size_for(str(tmp_path / "missing"), 8 << 20) is None
+    assert "0.6.1 cannot cap a tmpfs" in caplog.text
+    assert "(version unknown) cannot cap a tmpfs" in caplog.text
