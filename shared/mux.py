@@ -755,6 +755,11 @@ class MuxServicer(mux_pb2_grpc.MuxServiceServicer):
             stream.wake()
 
     async def Calls(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        if self.draining:
+            # A stream opened while the server drains would end at once (no calls of its
+            # own), and the client would open the next, and so on until the server stops:
+            # refused instead, so its calls fail UNAVAILABLE and go to another replica.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
         stream = _ServerStream(self, context)
         self._streams.add(stream)
         try:
