@@ -375,6 +375,11 @@ def test_nested_calls_are_traced_and_costed_under_the_parent_call(smesh: Mesh) -
         timeout=15,
         count=2,
     )
+    # Each process exports on its own schedule: the sandbox's span of the run can land after
+    # the registry's root span, so wait for it too before walking the chain.
+    smesh.spans.wait_for_sync(
+        lambda s: s.name == "sandbox.execute" and s.trace_id == root.trace_id, timeout=15
+    )
     by_id = {s.span_id: s for s in smesh.spans.spans(root.trace_id)}
     chain, span = [], nested
     while span.parent_span_id in by_id:
