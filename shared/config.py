@@ -54,6 +54,13 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise ValueError(f"{key}={raw!r} is not an integer") from exc
 
 
+def _bounded_int(env: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    value = _int(env, key, default)
+    if not low <= value <= high:
+        raise ValueError(f"{key}={value} is not between {low} and {high}")
+    return value
+
+
 def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...], default: str) -> str:
     raw = env.get(key, "").strip().lower()
     if raw == "":
@@ -146,6 +153,10 @@ class Settings:
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.
+    handler_threads     TOOLMESH_HANDLER_THREADS, default 16 (1..1024) — worker threads the
+                        registry runs sync tool handlers on, per nesting depth (a composing
+                        handler's nested call never waits for its parent's thread); calls
+                        beyond them wait for one, under their deadline.
     sandbox_pool_size   TOOLMESH_SANDBOX_POOL_SIZE, default 2 — pre-started single-use workers.
     sandbox_wall_s      TOOLMESH_SANDBOX_WALL_S, default 30 — a custom tool's wall-clock limit
                         (a tool's own timeout_seconds, when lower, wins).
@@ -222,6 +233,7 @@ class Settings:
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
     max_depth: int = 8
+    handler_threads: int = 16
     sandbox_pool_size: int = 2
     sandbox_wall_s: float = 30.0
     sandbox_cpu_s: float = 10.0
@@ -302,6 +314,7 @@ class Settings:
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),
             max_depth=_int(env, "TOOLMESH_MAX_CALL_DEPTH", 8),
+            handler_threads=_bounded_int(env, "TOOLMESH_HANDLER_THREADS", 16, 1, 1024),
             sandbox_pool_size=_int(env, "TOOLMESH_SANDBOX_POOL_SIZE", 2),
             sandbox_wall_s=_float(env, "TOOLMESH_SANDBOX_WALL_S", 30.0),
             sandbox_cpu_s=_float(env, "TOOLMESH_SANDBOX_CPU_S", 10.0),

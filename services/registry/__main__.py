@@ -77,6 +77,7 @@ async def serve(settings: Settings, port: int) -> None:
         },
         cache_ttl_s=settings.tool_cache_ttl_s,
         max_depth=settings.max_depth,
+        handler_threads=settings.handler_threads,
         disabled_flags=settings.disabled_flags,
         trace_payloads=settings.trace_payloads,
     )
@@ -109,6 +110,7 @@ async def serve(settings: Settings, port: int) -> None:
     llm_client.warm_up()
 
     async def on_stop() -> None:
+        core.close()
         await clients.close()
         await llm_clients.aclose()
         engine.dispose()

@@ -11,8 +11,10 @@ caller of the handler function still gets its ToolResult; a source-decorated han
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -20,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -149,6 +152,57 @@ def inject_reasoning(name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Sync handlers' worker threads per nesting depth (TOOLMESH_HANDLER_THREADS).
+DEFAULT_HANDLER_THREADS = 16
+
+
+class HandlerThreads:
+    """The worker threads sync handlers run on: a bounded pool per nesting depth, each made on
+    first use, apart from asyncio's default executor.
+
+    Apart, because the default executor (min(32, cores + 4) threads) also serves the registry's
+    own reads, the catalog and cache-missing tool lookups: slow tools there stalled every call.
+    Per depth, because a sync handler composing a tool (call_tool_blocking) holds its thread
+    while the nested call runs: with one pool, parents holding every thread wait for nested
+    calls that wait for a thread, until their timeouts. A call at depth d only waits for calls
+    at depth d + 1, and the deepest allowed depth never composes, so no wait goes in a circle.
+    Calls beyond a pool's threads queue for one, under their deadline."""
+
+    def __init__(self, per_depth: int = DEFAULT_HANDLER_THREADS, *, max_depth: int = 8) -> None:
+        if per_depth < 1:
+            raise ValueError(f"handler threads per depth must be at least 1, not {per_depth}")
+        self.per_depth = per_depth
+        self._max_depth = max(0, max_depth)
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def pools_made(self) -> int:
+        return len(self._pools)
+
+    def pool(self, depth: int) -> ThreadPoolExecutor:
+        """The pool of calls at `depth`, clamped to [0, max_depth]: a deeper call is refused
+        before it runs, and a negative depth (a hostile context) is a top-level call."""
+        level = min(max(depth, 0), self._max_depth)
+        pool = self._pools.get(level)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(level)
+                if pool is None:
+                    pool = ThreadPoolExecutor(
+                        self.per_depth, thread_name_prefix=f"tool-handler-d{level}"
+                    )
+                    self._pools[level] = pool
+        return pool
+
+    def shutdown(self) -> None:
+        """Stop taking work; queued calls are cancelled, running ones finish on their own."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
 class Registry:
     """execute_tool and the catalog. One instance per registry process."""
 
@@ -165,6 +219,7 @@ class Registry:
         contract_stats: ContractCounters | None = None,
         specs: Callable[[str], ToolSpec | None] = get_spec,
         trace_payloads: bool = False,
+        handler_threads: int = DEFAULT_HANDLER_THREADS,
     ) -> None:
         schema_regex.install()  # input patterns run on RE2, never on backtracking `re`
         self._trace_payloads = trace_payloads
@@ -176,10 +231,15 @@ class Registry:
         self._validators: dict[tuple[str, int], jsonschema.protocols.Validator] = {}
         self._cache_ttl_s = cache_ttl_s
         self._max_depth = max_depth
+        self._threads = HandlerThreads(handler_threads, max_depth=max_depth)
         self._clock = clock
         self._specs = specs
         self.contract_stats = contract_stats if contract_stats is not None else ContractCounters()
         self.system_tools = build_system_tools(disabled_flags)
+
+    def close(self) -> None:
+        """Release the handler threads (at shutdown)."""
+        self._threads.shutdown()
 
     # --- registration ---------------------------------------------------------------------
 
@@ -495,7 +555,9 @@ class Registry:
             if inspect.iscoroutinefunction(handler):
                 raw = await handler(inputs, context)
             else:
-                raw = await _run_in_thread(handler, inputs, context)
+                raw = await _run_in_thread(
+                    self._threads.pool(context.depth), handler, inputs, context
+                )
                 if inspect.isawaitable(raw):
                     raw = await raw
         except HintException as exc:
@@ -507,14 +569,19 @@ class Registry:
         return normalise_result(tool.name, raw)
 
 
-async def _run_in_thread(handler: Handler, inputs: dict[str, Any], context: ToolContext) -> Any:
-    """A sync handler on a worker thread. When the call is cancelled, the thread cannot be
-    stopped from outside: its cancellation event is set, and the handler's long work (a
-    query's watchdog, a file's reader) stops on it instead of running on to its own limits."""
+async def _run_in_thread(
+    pool: ThreadPoolExecutor, handler: Handler, inputs: dict[str, Any], context: ToolContext
+) -> Any:
+    """A sync handler on a worker thread of `pool`, in a copy of the caller's context (its
+    trace and its cancellation). Cancelled while it waits for a thread, it never runs. Once it
+    runs, the thread cannot be stopped from outside: its cancellation event is set, and the
+    handler's long work (a query's watchdog, a file's reader) stops on it instead of running on
+    to its own limits."""
     event = threading.Event()
     token = cancellable(event)
     try:
-        return await asyncio.to_thread(handler, inputs, context)
+        work = functools.partial(contextvars.copy_context().run, handler, inputs, context)
+        return await asyncio.get_running_loop().run_in_executor(pool, work)
     except asyncio.CancelledError:
         event.set()
         raise

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.errors import FailedPrecondition, Unavailable
@@ -71,7 +72,10 @@ def make_engine(url: str) -> Engine:
     _check_url(url)
     if url.startswith("sqlite"):
         _ensure_sqlite_dir(url)
-        engine = create_engine(url, connect_args={"timeout": 10})
+        # Connections to a file are cheap: enough of them for the registry's handler threads
+        # (TOOLMESH_HANDLER_THREADS) and its own reads at once; beyond pool_size they are closed
+        # when returned.
+        engine = create_engine(url, connect_args={"timeout": 10}, pool_size=5, max_overflow=40)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(
@@ -113,6 +117,12 @@ def translate_db_errors() -> Iterator[None]:
         logger.warning("database unavailable: %s", exc.orig or exc)
         raise Unavailable(
             f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+        ) from exc
+    except PoolTimeoutError as exc:  # every connection of this process's pool stayed busy
+        logger.warning("database connection pool exhausted: %s", exc)
+        raise Unavailable(
+            f"database busy: no free connection in this process's pool ({first_line(exc)})",
+            reason="DATABASE_UNAVAILABLE",
         ) from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:

@@ -1,0 +1,39 @@
+"""How database failures reach callers: UNAVAILABLE with a message naming the cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from shared.db.engine import make_engine, translate_db_errors
+from shared.errors import Unavailable
+
+
+def test_an_exhausted_connection_pool_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    engine = create_engine(
+        f"sqlite:///{tmp_path}/t.db", pool_size=1, max_overflow=0, pool_timeout=0.05
+    )
+    held = engine.connect()
+    try:
+        with (
+            pytest.raises(Unavailable, match="no free connection") as raised,
+            translate_db_errors(),
+            engine.connect() as conn,
+        ):
+            conn.execute(text("SELECT 1"))
+        assert raised.value.reason == "DATABASE_UNAVAILABLE"
+    finally:
+        held.close()
+        engine.dispose()
+
+
+def test_a_sqlite_engine_has_room_for_the_registrys_handler_threads(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path}/t.db")
+    try:
+        held = [engine.connect() for _ in range(16 + 6)]  # handler threads + default executor
+        for conn in held:
+            conn.close()
+    finally:
+        engine.dispose()
