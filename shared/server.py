@@ -15,11 +15,11 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from shared import reflection
 from shared.auth import ApiKeys
 from shared.errors import Internal, ToolmeshError, Unavailable
 from shared.mux import MuxServicer
@@ -352,13 +352,8 @@ async def create_server(
     mux_pb2_grpc.add_MuxServiceServicer_to_server(mux, registrar)
     _MUX_OF[server] = mux
     names = [b.full_name for b in bindings] + [MUX_SERVICE]
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        registrar,
+    reflection.enable(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], registrar
     )
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -17,9 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2 as refl
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -167,6 +168,83 @@ def test_a_reflection_only_client_discovers_and_calls_the_dispatcher(mesh: Mesh)
     assert response.result.content.startswith("✓ ok.")
     assert response.result.envelope.WhichOneof("kind") == "ok"
     assert json.loads(response.result.envelope.ok.data_json)["echo"] == "reflected"
+
+
+def reflect_v1(channel: grpc.Channel, *requests: refl.ServerReflectionRequest) -> list[Any]:
+    """Requests on grpc.reflection.v1.ServerReflection, as a v1-only client sends them (its
+    messages are v1alpha's on the wire)."""
+    call = channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=refl.ServerReflectionRequest.SerializeToString,
+        response_deserializer=refl.ServerReflectionResponse.FromString,
+    )
+    return list(call(iter(requests), timeout=30))
+
+
+def pool_of(responses: list[Any]) -> descriptor_pool.DescriptorPool:
+    """A fresh pool of the files reflection sent, each added after its dependencies."""
+    files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    for response in responses:
+        for raw in response.file_descriptor_response.file_descriptor_proto:
+            proto = descriptor_pb2.FileDescriptorProto.FromString(raw)
+            files[proto.name] = proto
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in added:
+            return
+        for dependency in files[name].dependency:
+            add(dependency)
+        pool.Add(files[name])
+        added.add(name)
+
+    for name in files:
+        add(name)
+    return pool
+
+
+def test_a_client_speaking_only_reflection_v1_discovers_and_calls_the_dispatcher(
+    mesh: Mesh,
+) -> None:
+    with grpc.insecure_channel(mesh.address("dispatcher")) as channel:
+        (listing,) = reflect_v1(channel, refl.ServerReflectionRequest(list_services=""))
+        names = {s.name for s in listing.list_services_response.service}
+        assert {DISPATCHER_SERVICE, "grpc.reflection.v1.ServerReflection"} <= names
+        assert "grpc.reflection.v1alpha.ServerReflection" in names
+
+        found = reflect_v1(
+            channel,
+            refl.ServerReflectionRequest(file_containing_symbol=DISPATCHER_SERVICE),
+            refl.ServerReflectionRequest(
+                file_containing_symbol="grpc.reflection.v1.ServerReflection"
+            ),
+        )
+        pool = pool_of(found)
+        v1 = pool.FindServiceByName("grpc.reflection.v1.ServerReflection")
+        assert v1.methods[0].input_type.full_name == "grpc.reflection.v1.ServerReflectionRequest"
+        method = pool.FindMethodByName(f"{DISPATCHER_SERVICE}.DispatchToolCall")
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        call = channel.unary_unary(
+            f"/{DISPATCHER_SERVICE}/DispatchToolCall",
+            request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString,
+        )
+        response = call(
+            request_class(
+                tool_use={"name": "ping", "input_json": '{"echo": "v1"}'},
+                context={"tenant_id": "reflection-v1", "conversation_id": "reflection-v1"},
+            ),
+            timeout=60,
+        )
+    assert json.loads(response.result.envelope.ok.data_json)["echo"] == "v1"
+
+    with grpc.insecure_channel(mesh.address("registry")) as channel:
+        (unknown,) = reflect_v1(
+            channel, refl.ServerReflectionRequest(file_containing_symbol="no.such.Symbol")
+        )
+        assert unknown.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 @pytest.mark.parametrize(
