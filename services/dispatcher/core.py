@@ -676,7 +676,39 @@ class Dispatcher:
         *,
         raise_rpc_errors: bool,
     ) -> DispatchOutcome:
+        """Run a planned call and log it. Cancelled from outside before it was logged (the
+        caller's deadline passed, or the caller went away: gRPC cancels the handler, which
+        cancels the registry call and so the tool), it is still logged, as cancelled, and the
+        cancellation goes on."""
         started = self._clock()
+        logged: list[bool] = []
+        try:
+            return await self._run_logged(plan, approaches, started, logged, raise_rpc_errors)
+        except asyncio.CancelledError:
+            if not logged:
+                elapsed = (self._clock() - started) * 1000
+                result = convert.error_result_pb(
+                    f"{plan.tool_use.name} was cancelled after {elapsed:.0f} ms: the caller "
+                    "stopped waiting for it (its deadline passed, or it cancelled the call)",
+                    "cancelled",
+                )
+                record = self._result_record(
+                    plan, elapsed, result, "cancelled", 0, list(plan.warnings)
+                )
+                try:
+                    await self._log.write(record)  # shielded: it commits even if cancelled again
+                except ToolmeshError as error:
+                    logger.warning("a cancelled call could not be logged: %s", error.message)
+            raise
+
+    async def _run_logged(
+        self,
+        plan: _Plan,
+        approaches: dict[tuple[str, str], FailedApproach],
+        started: float,
+        logged: list[bool],
+        raise_rpc_errors: bool,
+    ) -> DispatchOutcome:
         status = "refused"
         if plan.refusal is None:
             await self._apply_conversation_budget(plan)
@@ -687,6 +719,7 @@ class Dispatcher:
                 result, status = await self._execute(plan)
             except ToolmeshError as error:
                 elapsed = (self._clock() - started) * 1000
+                logged.append(True)  # queued before the first await: committed from here on
                 await self._log.write(self._error_record(plan, elapsed, error))
                 if raise_rpc_errors:
                     raise
@@ -724,6 +757,7 @@ class Dispatcher:
             if hint is not None:
                 warnings.append(hint)
         elapsed = (self._clock() - started) * 1000
+        logged.append(True)
         await self._log.write(
             self._result_record(plan, elapsed, result, status, attempts, warnings)
         )

@@ -74,8 +74,11 @@ def make_engine(url: str) -> Engine:
         _ensure_sqlite_dir(url)
         # Connections to a file are cheap: enough of them for the registry's handler threads
         # (TOOLMESH_HANDLER_THREADS) and its own reads at once; beyond pool_size they are closed
-        # when returned.
-        engine = create_engine(url, connect_args={"timeout": 10}, pool_size=5, max_overflow=40)
+        # when returned. (An in-memory database has one connection per thread, no such pool.)
+        database = make_url(url).database or ""
+        in_memory = database in ("", ":memory:") or "mode=memory" in url
+        pool: dict[str, Any] = {} if in_memory else {"pool_size": 5, "max_overflow": 40}
+        engine = create_engine(url, connect_args={"timeout": 10}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(

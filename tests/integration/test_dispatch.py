@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import pytest
@@ -63,6 +64,42 @@ def test_a_failed_call_is_still_logged(mesh: Mesh) -> None:
     ).entries
     assert [(e.tool_name, e.success) for e in entries] == [("no_such_tool", False)]
     assert "NOT_FOUND" in entries[0].error
+
+
+def test_a_call_whose_client_deadline_passes_is_logged_as_cancelled(mesh: Mesh) -> None:
+    """A frontend's deadline shorter than the tool: the client gets DEADLINE_EXCEEDED, the
+    handler is stopped, and the call is still in the log with its events."""
+    conversation = "deadline-passed"
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.call(
+            "ping",
+            '{"delay_ms": 20000}',
+            conversation=conversation,
+            tool_use_id="toolu_deadline",
+            timeout=1.0,
+        )
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    entries: list[dpb.ExecutionLogEntry] = []
+    for _ in range(100):  # the dispatcher logs as the cancellation reaches it
+        entries = list(
+            mesh.dispatcher.ListExecutionLog(
+                dpb.ListExecutionLogRequest(conversation_id=conversation, limit=5)
+            ).entries
+        )
+        if entries:
+            break
+        time.sleep(0.05)
+    (entry,) = entries
+    assert (entry.tool_name, entry.success, entry.tool_use_id) == ("ping", False, "toolu_deadline")
+    assert "cancelled" in entry.error and "stopped waiting" in entry.error
+    assert entry.execution_ms < 10_000  # stopped, not run to its end
+    events = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(tenant_id="tenant-a", conversation_id=conversation)
+    ).events
+    kinds = [e.event_type for e in events]
+    assert kinds[0] == "tool_call" and "tool_result" in kinds, kinds
+    (result,) = [e for e in events if e.event_type == "tool_result"]
+    assert "cancelled" in result.data_json
 
 
 @pytest.mark.parametrize("payload", ["[1, 2]", "42", '"text"', "{not json", "null"])

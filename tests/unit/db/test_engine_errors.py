@@ -37,3 +37,13 @@ def test_a_sqlite_engine_has_room_for_the_registrys_handler_threads(tmp_path: Pa
             conn.close()
     finally:
         engine.dispose()
+
+
+def test_an_in_memory_sqlite_engine_still_opens() -> None:
+    for url in ("sqlite://", "sqlite:///:memory:"):
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT 1")).scalar() == 1
+        finally:
+            engine.dispose()

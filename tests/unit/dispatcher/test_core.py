@@ -216,3 +216,36 @@ async def test_a_batch_over_the_limit_is_refused_before_anything_runs(
         await a.core.dispatch_many(uses, CTX)
     assert refused.value.reason == "BATCH_TOO_LARGE"
     assert a.registry.started == {}
+
+
+@pytest.mark.parametrize("batch", [False, True])
+async def test_a_call_whose_caller_stops_waiting_is_still_logged_as_cancelled(
+    replicas: tuple[Replica, Replica], batch: bool
+) -> None:
+    """gRPC cancels the handler when the caller's deadline passes or it cancels the call; the
+    tool is stopped, and the call is logged with its events before the cancellation goes on."""
+    a, _ = replicas
+    ctx = pb.CallContext(tenant_id="t1", user_id="u1", conversation_id="gone")
+    if batch:
+        call = asyncio.create_task(a.core.dispatch_many([use("left", delay_ms=30_000)], ctx))
+    else:
+        call = asyncio.create_task(a.core.dispatch(use("left", delay_ms=30_000), ctx))
+    await asyncio.wait_for(a.registry.started_event("left").wait(), 10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert a.registry.cancelled == ["left"]  # the tool itself was stopped
+    page = a.log.page_log(tool_name="sleep", tenant_id="t1", conversation_id="gone", limit=10)
+    (entry,) = page.entries
+    assert entry.tool_use_id == "left" and not entry.success
+    assert entry.error is not None and "cancelled" in entry.error
+    assert "stopped waiting" in entry.error
+    for event_type in ("tool_call", "tool_result"):
+        events = a.log.page_events(
+            tenant_id="t1", conversation_id="gone", event_type=event_type, limit=10
+        ).entries
+        assert [e.tool_use_id for e in events] == ["left"], event_type
+    (result,) = a.log.page_events(
+        tenant_id="t1", conversation_id="gone", event_type="tool_result", limit=10
+    ).entries
+    assert "cancelled" in result.data_json
