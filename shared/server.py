@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared import reflection
 from shared.auth import ApiKeys
-from shared.errors import Internal, ToolmeshError, Unavailable
+from shared.errors import Internal, InvalidArgument, ToolmeshError, Unavailable
 from shared.mux import MuxServicer
 from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
@@ -184,6 +184,7 @@ class HandlerWrapper:
             finally:
                 otel_context.detach(token)
 
+        deserialize = _decoding(handler.request_deserializer, method)
         if handler.unary_unary:
             inner = handler.unary_unary
 
@@ -196,6 +197,8 @@ class HandlerWrapper:
                             counted = True
                         if auth is not None:
                             auth.check(name, request, context)
+                        if isinstance(request, _Undecodable):
+                            raise request.error()
                         return await inner(request, context)
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
@@ -205,7 +208,7 @@ class HandlerWrapper:
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
@@ -220,6 +223,8 @@ class HandlerWrapper:
                             counted = True
                         if auth is not None:
                             auth.check(name, request, context)
+                        if isinstance(request, _Undecodable):
+                            raise request.error()
                         async for item in inner_stream(request, context):
                             yield item
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
@@ -230,10 +235,48 @@ class HandlerWrapper:
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
         return handler  # stream-unary / stream-stream: reflection only; passed through
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """A request whose bytes are not its message (corrupt, truncated, or a string field that
+    is not UTF-8, which some languages' protobuf libraries let a client send): handed to the
+    wrapped handler, which answers INVALID_ARGUMENT. gRPC itself would answer UNKNOWN with a
+    Python exception's repr."""
+
+    message_type: str
+    detail: str
+
+    def error(self) -> InvalidArgument:
+        return InvalidArgument(
+            f"the request is not a valid {self.message_type}: {self.detail} (send the message's "
+            "protobuf encoding; string fields must be valid UTF-8)",
+            reason="REQUEST_NOT_DECODABLE",
+            field_violations=[("request", self.detail)],
+        )
+
+
+def _decoding(
+    deserializer: Callable[[bytes], Any] | None, method: str
+) -> Callable[[bytes], Any] | None:
+    """`deserializer` returning an _Undecodable instead of raising."""
+    if deserializer is None:
+        return None
+    message = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    message_type = getattr(message, "full_name", "") or f"request of {method}"
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any failure to decode is the client's input
+            detail = str(exc).rpartition(": ")[2] or type(exc).__name__
+            return _Undecodable(message_type, detail[:200])
+
+    return deserialize
 
 
 async def _abort(

@@ -247,6 +247,24 @@ def test_a_client_speaking_only_reflection_v1_discovers_and_calls_the_dispatcher
         assert unknown.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
+def test_a_request_with_a_string_that_is_not_utf8_is_invalid_argument(mesh: Mesh) -> None:
+    """Some languages' protobuf libraries let a client put bytes that are not UTF-8 in a string
+    field: the dispatcher names the message and the problem instead of gRPC's UNKNOWN."""
+    good = dpb.DispatchToolCallRequest(
+        tool_use={"name": "ping", "input_json": '{"echo": "AAAA"}'},
+        context={"tenant_id": "utf8-tenant", "conversation_id": "utf8"},
+    ).SerializeToString()
+    with grpc.insecure_channel(mesh.address("dispatcher")) as channel:
+        call = channel.unary_unary(f"/{DISPATCHER_SERVICE}/DispatchToolCall")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(good.replace(b"AAAA", b"\xff\xfe\xfd\xfc"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "toolmesh.dispatcher.v1.DispatchToolCallRequest" in caught.value.details()
+        assert "UTF-8" in caught.value.details()
+        answer = dpb.DispatchToolCallResponse.FromString(call(good, timeout=30))
+    assert json.loads(answer.result.envelope.ok.data_json)["echo"] == "AAAA"
+
+
 @pytest.mark.parametrize(
     ("process", "service"),
     [
