@@ -200,6 +200,9 @@ class HandlerWrapper:
                         if isinstance(request, _Undecodable):
                             raise request.error()
                         return await inner(request, context)
+                    except asyncio.CancelledError:
+                        _mark_cancelled(span, context)
+                        raise
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
                     finally:
@@ -227,6 +230,9 @@ class HandlerWrapper:
                             raise request.error()
                         async for item in inner_stream(request, context):
                             yield item
+                    except asyncio.CancelledError:
+                        _mark_cancelled(span, context)
+                        raise
                     except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
                         await _abort(context, span, exc, method)
                     finally:
@@ -299,6 +305,25 @@ async def _abort(
     span.set_attribute("error.type", error.reason)
     span.set_status(Status(StatusCode.ERROR, error.message))
     await context.abort(code, status_message(error), trailing_metadata=trailing_metadata(error))
+
+
+def _mark_cancelled(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
+    """A call gRPC cancelled (its deadline passed, the caller cancelled it or went away, or
+    the server stopped): the span says which, as the gRPC conventions do for its status code.
+    Per those conventions a passed deadline is an error of a server span, a cancellation not."""
+    if not span.is_recording():
+        return
+    try:
+        remaining = context.time_remaining()
+    except Exception:  # noqa: BLE001 - a context without a deadline to ask about
+        remaining = None
+    if remaining is not None and remaining <= 0:
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        span.set_attribute("error.type", "DEADLINE_EXCEEDED")
+        span.set_status(Status(StatusCode.ERROR, "the caller's deadline passed"))
+    else:
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.CANCELLED.value[0])
+        span.set_attribute("error.type", "CANCELLED")
 
 
 def _is_abort(exc: Exception) -> bool:

@@ -100,6 +100,20 @@ def test_a_call_whose_client_deadline_passes_is_logged_as_cancelled(mesh: Mesh) 
     assert kinds[0] == "tool_call" and "tool_result" in kinds, kinds
     (result,) = [e for e in events if e.event_type == "tool_result"]
     assert "cancelled" in result.data_json
+    # SREs see why in the trace: the dispatcher's SERVER span carries the gRPC outcome.
+    (server,) = mesh.spans.wait_for_sync(
+        lambda s: (
+            s.kind == "SERVER"
+            and s.name.endswith("DispatcherService/DispatchToolCall")
+            and s.attributes.get("gen_ai.tool.call.id") == "toolu_deadline"
+            and s.attributes.get("toolmesh.tenant.id") == "tenant-a"
+            and s.trace_id == entry.trace_id
+        ),
+        timeout=15,
+    )
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert server.attributes["error.type"] == "DEADLINE_EXCEEDED"
+    assert server.status_code == "ERROR"
 
 
 @pytest.mark.parametrize("payload", ["[1, 2]", "42", '"text"', "{not json", "null"])
