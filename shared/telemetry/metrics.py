@@ -73,21 +73,43 @@ class _Pending:
             self._wake.set()
 
     def drain(self) -> None:
+        """Give the pending measurements to the SDK: histogram records one by one, counter
+        additions summed per (counter, attributes) first, one SDK call per sum (the same
+        totals, a fraction of the per-call cost: every call adds 1 to tool calls)."""
         with self._drain_lock:
             queue = self.queue
+            sums: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Any]] = {}
             while _provider is not None:
                 try:
                     name, value, attrs = queue.popleft()
                 except IndexError:
-                    return
-                try:
-                    made = _instrument(name)
-                    if name in _COUNTERS:
-                        made.add(value, attrs)
+                    break
+                if name in _COUNTERS and type(value) in (int, float):
+                    try:
+                        key = (name, tuple(sorted(attrs.items())))
+                    except TypeError:  # an unorderable attribute value: add it on its own
+                        self._give(name, value, attrs)
+                        continue
+                    entry = sums.get(key)
+                    if entry is None:
+                        sums[key] = [value, attrs]
                     else:
-                        made.record(value, attrs)
-                except Exception:
-                    logger.exception("dropped the measurement %s=%r", name, value)
+                        entry[0] += value
+                    continue
+                self._give(name, value, attrs)
+            for (name, _), (total, attrs) in sums.items():
+                self._give(name, total, attrs)
+
+    @staticmethod
+    def _give(name: str, value: float, attrs: dict[str, Any]) -> None:
+        try:
+            made = _instrument(name)
+            if name in _COUNTERS:
+                made.add(value, attrs)
+            else:
+                made.record(value, attrs)
+        except Exception:
+            logger.exception("dropped the measurement %s=%r", name, value)
 
     def _run(self) -> None:
         while not self._stopped.is_set():

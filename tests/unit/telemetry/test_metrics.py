@@ -68,3 +68,40 @@ def test_without_a_provider_nothing_is_queued() -> None:
     assert metrics._provider is None
     metrics.record_tool_call("ping", "function", "ok", 0.001)
     assert not metrics._pending.queue
+
+
+def test_counter_additions_reach_the_sdk_summed_per_attribute_set(
+    reader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = metrics._instrument
+    adds: list[tuple[str, float]] = []
+
+    class Counting:
+        def __init__(self, name: str) -> None:
+            self.name, self.inner = name, real(name)
+
+        def add(self, value: float, attrs: dict[str, Any]) -> None:
+            adds.append((self.name, value))
+            self.inner.add(value, attrs)
+
+        def record(self, value: float, attrs: dict[str, Any]) -> None:
+            self.inner.record(value, attrs)
+
+    monkeypatch.setattr(metrics, "_instrument", Counting)
+    for i in range(300):
+        metrics.record_tool_call("ping", "function", "ok" if i % 3 else "err", 0.001)
+    metrics._pending.add(semconv.METRIC_TOOL_CALLS, "one", {})  # type: ignore[arg-type]
+    metrics.record_cost("tenant-a", "call_llm", 0.5)
+    metrics.record_cost("tenant-a", "call_llm", 0.25)
+    points = _points(reader)
+    calls = {p.attributes["toolmesh.outcome"]: p.value for p in points[semconv.METRIC_TOOL_CALLS]}
+    assert calls == {"ok": 200, "err": 100}  # the bad addition dropped, the rest whole
+    assert sum(p.count for p in points[semconv.METRIC_EXECUTE_TOOL_DURATION]) == 300
+    (cost,) = points[semconv.METRIC_COST]
+    assert cost.value == pytest.approx(0.75)
+    # One SDK addition per attribute set and drain, not one per call (the background feeder
+    # may drain once in the middle; the bad addition is tried alone).
+    tool_calls = [value for name, value in adds if name == semconv.METRIC_TOOL_CALLS]
+    assert "one" in tool_calls
+    numbers = [v for v in tool_calls if v != "one"]
+    assert sum(numbers) == 300 and len(numbers) <= 4
