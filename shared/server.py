@@ -31,6 +31,8 @@ from toolmesh.mux.v1 import mux_pb2, mux_pb2_grpc
 logger = logging.getLogger(__name__)
 
 # Infrastructure RPCs that are not traced (they would drown real calls), but still error-mapped.
+# How close to its deadline a cancelled call counts as having run out of time (_mark_cancelled).
+DEADLINE_SLACK_S = 0.25
 _UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # After the drain, what server.stop still waits for (call streams sending their last answers).
@@ -310,14 +312,18 @@ async def _abort(
 def _mark_cancelled(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
     """A call gRPC cancelled (its deadline passed, the caller cancelled it or went away, or
     the server stopped): the span says which, as the gRPC conventions do for its status code.
-    Per those conventions a passed deadline is an error of a server span, a cancellation not."""
+    Per those conventions a passed deadline is an error of a server span, a cancellation not.
+
+    A client whose deadline passes cancels the call itself, and the server's copy of the
+    deadline runs from when the call arrived, a little later: so a cancellation within
+    DEADLINE_SLACK_S of the server's deadline counts as the deadline."""
     if not span.is_recording():
         return
     try:
         remaining = context.time_remaining()
     except Exception:  # noqa: BLE001 - a context without a deadline to ask about
         remaining = None
-    if remaining is not None and remaining <= 0:
+    if remaining is not None and remaining <= DEADLINE_SLACK_S:
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
         span.set_attribute("error.type", "DEADLINE_EXCEEDED")
         span.set_status(Status(StatusCode.ERROR, "the caller's deadline passed"))
