@@ -4,12 +4,13 @@ their code, reason and metadata intact."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from shared.auth import AUTH_HEADER
 from shared.config import MuxSettings
@@ -110,10 +111,21 @@ async def traced_call(
         metadata = inject_metadata({})  # the server's parent is this CLIENT span
         try:
             return await _invoke(method, request, metadata, timeout, peer_service)
+        except asyncio.CancelledError:  # the caller stopped waiting: the call was cancelled
+            mark_cancelled_client(span)
+            raise
         except Exception as exc:
             span.set_status(Status(StatusCode.ERROR, str(exc)))
             span.set_attribute("error.type", getattr(exc, "reason", type(exc).__name__))
             raise
+
+
+def mark_cancelled_client(span: Span) -> None:
+    """A CLIENT span whose call this side cancelled: CANCELLED, an error for a client span in
+    the gRPC conventions."""
+    span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.CANCELLED.value[0])
+    span.set_attribute("error.type", "CANCELLED")
+    span.set_status(Status(StatusCode.ERROR, "cancelled by the caller"))
 
 
 async def _invoke(

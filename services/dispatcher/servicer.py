@@ -16,7 +16,7 @@ from services.dispatcher.guardrails import PolicyRule
 from services.dispatcher.logstore import LISTED_INPUT_CHARS, CallLog
 from shared import convert
 from shared.auth import ApiKeys, Principal
-from shared.clients import traced_call
+from shared.clients import mark_cancelled_client, traced_call
 from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.tracing import inject_metadata, tracer
@@ -108,6 +108,9 @@ class GrpcRegistryGateway:
                         on_progress(report)
                     elif message.HasField("result"):
                         return message.result
+            except asyncio.CancelledError:
+                mark_cancelled_client(span)
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = from_rpc_error(exc)
                 span.set_status(Status(StatusCode.ERROR, str(err)))

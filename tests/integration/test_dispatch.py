@@ -114,6 +114,17 @@ def test_a_call_whose_client_deadline_passes_is_logged_as_cancelled(mesh: Mesh) 
     assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert server.attributes["error.type"] == "DEADLINE_EXCEEDED"
     assert server.status_code == "ERROR"
+    # ... and its CLIENT span to the registry says the dispatcher cancelled that call.
+    (client,) = mesh.spans.wait_for_sync(
+        lambda s: (
+            s.kind == "CLIENT"
+            and s.trace_id == entry.trace_id
+            and s.name.endswith("RegistryService/ExecuteTool")
+        ),
+        timeout=15,
+    )
+    assert client.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert client.status_code == "ERROR"
 
 
 @pytest.mark.parametrize("payload", ["[1, 2]", "42", '"text"', "{not json", "null"])
