@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -241,8 +242,32 @@ class HandlerWrapper:
                         if counted:
                             self._exit()
 
+            async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext) -> None:
+                """The same, for a handler that answers with `await context.write(...)` rather
+                than by yielding (grpc.aio takes both; the standard health Watch is one)."""
+                with start_span(context) as span:
+                    counted = False
+                    try:
+                        if counting:
+                            self._enter()
+                            counted = True
+                        if auth is not None:
+                            auth.check(name, request, context)
+                        if isinstance(request, _Undecodable):
+                            raise request.error()
+                        await inner_stream(request, context)
+                    except asyncio.CancelledError:
+                        _mark_cancelled(span, context)
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
+                        await _abort(context, span, exc, method)
+                    finally:
+                        if counted:
+                            self._exit()
+
+            writer = inspect.iscoroutinefunction(inner_stream)
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
+                unary_stream_writer if writer else unary_stream,
                 request_deserializer=deserialize,
                 response_serializer=handler.response_serializer,
             )
@@ -393,6 +418,32 @@ class ServiceBinding:
     full_name: str
 
 
+# Keepalive between clients and servers (keepalive_options).
+MIN_PING_INTERVAL_S = 10.0
+SERVER_PING_INTERVAL_S = 60.0
+SERVER_PING_TIMEOUT_S = 20.0
+
+
+def keepalive_options(min_ping_interval_s: float = MIN_PING_INTERVAL_S) -> list[tuple[str, int]]:
+    """gRPC's server defaults refuse a client's keepalive pings more often than every 5 minutes
+    while no data flows, and any ping without a call in flight: after two such pings the server
+    sends GOAWAY too_many_pings and drops the connection. Yet the mesh's own channels ping every
+    30 s while their call streams sit open and idle (measured: the registry dropped the
+    dispatcher's connection after two idle minutes), and clients in other languages commonly
+    ping every 10-30 s, with or without calls, to keep load balancers and NATs from dropping
+    idle connections. So: pings every `min_ping_interval_s` or more are accepted, idle or not;
+    and the server pings an idle client every SERVER_PING_INTERVAL_S, dropping one that does
+    not answer within SERVER_PING_TIMEOUT_S (a peer that vanished stops holding its streams)."""
+    return [
+        ("grpc.http2.min_ping_interval_without_data_ms", int(min_ping_interval_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_time_ms", int(SERVER_PING_INTERVAL_S * 1000)),
+        ("grpc.keepalive_timeout_ms", int(SERVER_PING_TIMEOUT_S * 1000)),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 async def create_server(
     bindings: Iterable[ServiceBinding],
     *,
@@ -401,17 +452,20 @@ async def create_server(
     tracing: bool,
     trust_baggage: bool = True,
     auth: MeshAuth | None = None,
+    min_ping_interval_s: float = MIN_PING_INTERVAL_S,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start a server with health, reflection and the handler wrapper. Returns the bound
     port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
     trust_baggage=False: W3C baggage from its callers is dropped, never propagated. With `auth`,
-    every RPC but health and reflection is checked against the API keys."""
+    every RPC but health and reflection is checked against the API keys. Keepalive: see
+    keepalive_options."""
     bindings = list(bindings)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *keepalive_options(min_ping_interval_s),
         ],
     )
     wrapper = HandlerWrapper(tracing, trust_baggage=trust_baggage, auth=auth)

@@ -281,3 +281,16 @@ def test_the_standard_health_service_answers_serving(
         health = health_pb2_grpc.HealthStub(channel)
         answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("process", ["dispatcher", "registry"])
+def test_the_health_watch_streams_serving(mesh: Mesh, process: str) -> None:
+    """Watch is what gRPC clients' own health checking (service config healthCheckConfig) and
+    many load balancers use; it failed INTERNAL before (the handler wrapper took the servicer's
+    context.write style for a generator)."""
+    with grpc.insecure_channel(mesh.address(process)) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        first = next(iter(watch))
+        watch.cancel()
+    assert first.status == health_pb2.HealthCheckResponse.SERVING
