@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -521,10 +522,11 @@ def test_a_changed_tool_is_held_until_approved_through_set_tool_status(
     mcp_mesh.registry.SetToolStatus(
         rpb.SetToolStatusRequest(name="mcp_inv_widget", status=pb.TOOL_STATUS_APPROVED)
     )
+    tries = itertools.count()  # a conversation per try: repeats in one trip the loop guard
     approved = wait_for(
         lambda: (
             (
-                r := dispatch(mcp_mesh, "mcp_inv_widget", {}, conversation="mcp-6b")
+                r := dispatch(mcp_mesh, "mcp_inv_widget", {}, conversation=f"mcp-6b-{next(tries)}")
             ).result.envelope.WhichOneof("kind")
             == "ok"
             and r
@@ -619,9 +621,16 @@ def test_a_restarted_bridge_re_establishes_its_stored_connections(mcp_mesh: Mesh
     mcp_mesh.processes["mcp_bridge"] = start_service("mcp_bridge", env=mcp_mesh.env, port=port)
     wait_for(lambda: connected(mcp_mesh, "keep"))
 
+    attempts = itertools.count()
+
     def echo_back() -> dpb.DispatchToolCallResponse | None:
+        # A conversation per attempt: retries of one call in one conversation would trip the
+        # loop guard (every attempt, failed or not, is logged and counted).
+        conversation = f"mcp-8b-{next(attempts)}"
         try:
-            return dispatch(mcp_mesh, "mcp_keep_echo", {"message": "back"}, conversation="mcp-8b")
+            return dispatch(
+                mcp_mesh, "mcp_keep_echo", {"message": "back"}, conversation=conversation
+            )
         except grpc.RpcError as exc:  # the registry's channel may still be in reconnect backoff
             assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
             return None
