@@ -115,3 +115,27 @@ def test_cancelling_the_stream_stops_the_call(mesh: Mesh) -> None:
     assert float(str(outcome["duration_ms"])) < 60_000
     progress = [e for e in events_of(mesh, "stream-5") if e.event_type == "progress"]
     assert 1 <= len(progress) < 100
+
+
+def test_a_stream_whose_deadline_passes_is_logged_as_such(mesh: Mesh) -> None:
+    call = mesh.dispatcher.DispatchToolCallStream(
+        stream_request(
+            "s-6", {"progress_steps": 100, "delay_ms": 120_000}, conversation="stream-6"
+        ),
+        timeout=1.5,
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    entries: list[dpb.ExecutionLogEntry] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not entries:
+        entries = list(
+            mesh.dispatcher.ListExecutionLog(
+                dpb.ListExecutionLogRequest(conversation_id="stream-6", limit=5), timeout=30
+            ).entries
+        )
+        time.sleep(0.1)
+    (entry,) = entries
+    assert not entry.success
+    assert entry.error == "ping was cancelled: the client's deadline passed"
