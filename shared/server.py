@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +32,9 @@ from toolmesh.mux.v1 import mux_pb2, mux_pb2_grpc
 logger = logging.getLogger(__name__)
 
 # Infrastructure RPCs that are not traced (they would drown real calls), but still error-mapped.
-# How close to its deadline a cancelled call counts as having run out of time (_mark_cancelled).
-DEADLINE_SLACK_S = 0.25
 _UNTRACED_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+# How close to its deadline a cancelled call counts as having run out of time (deadline_passed).
+DEADLINE_SLACK_S = 0.25
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # After the drain, what server.stop still waits for (call streams sending their last answers).
 STOP_GRACE_FLOOR_S = 0.5
@@ -187,30 +187,38 @@ class HandlerWrapper:
             finally:
                 otel_context.detach(token)
 
+        @contextlib.asynccontextmanager
+        async def boundary(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            """The RPC boundary every wrapped call runs inside: its SERVER span, the drain's
+            count, the API-key check, an undecodable request refused, a cancellation recorded on
+            the span, and any failure mapped to a rich status."""
+            with start_span(context) as span:
+                counted = False
+                try:
+                    if counting:
+                        self._enter()
+                        counted = True
+                    if auth is not None:
+                        auth.check(name, request, context)
+                    if isinstance(request, _Undecodable):
+                        raise request.error()
+                    yield
+                except asyncio.CancelledError:
+                    _mark_cancelled(span, context)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
+                    await _abort(context, span, exc, method)
+                finally:
+                    if counted:
+                        self._exit()
+
         deserialize = _decoding(handler.request_deserializer, method)
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with start_span(context) as span:
-                    counted = False
-                    try:
-                        if counting:
-                            self._enter()
-                            counted = True
-                        if auth is not None:
-                            auth.check(name, request, context)
-                        if isinstance(request, _Undecodable):
-                            raise request.error()
-                        return await inner(request, context)
-                    except asyncio.CancelledError:
-                        _mark_cancelled(span, context)
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
-                        await _abort(context, span, exc, method)
-                    finally:
-                        if counted:
-                            self._exit()
+                async with boundary(request, context):
+                    return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
@@ -221,49 +229,15 @@ class HandlerWrapper:
             inner_stream = handler.unary_stream
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with start_span(context) as span:
-                    counted = False
-                    try:
-                        if counting:
-                            self._enter()
-                            counted = True
-                        if auth is not None:
-                            auth.check(name, request, context)
-                        if isinstance(request, _Undecodable):
-                            raise request.error()
-                        async for item in inner_stream(request, context):
-                            yield item
-                    except asyncio.CancelledError:
-                        _mark_cancelled(span, context)
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
-                        await _abort(context, span, exc, method)
-                    finally:
-                        if counted:
-                            self._exit()
+                async with boundary(request, context):
+                    async for item in inner_stream(request, context):
+                        yield item
 
             async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext) -> None:
-                """The same, for a handler that answers with `await context.write(...)` rather
-                than by yielding (grpc.aio takes both; the standard health Watch is one)."""
-                with start_span(context) as span:
-                    counted = False
-                    try:
-                        if counting:
-                            self._enter()
-                            counted = True
-                        if auth is not None:
-                            auth.check(name, request, context)
-                        if isinstance(request, _Undecodable):
-                            raise request.error()
-                        await inner_stream(request, context)
-                    except asyncio.CancelledError:
-                        _mark_cancelled(span, context)
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
-                        await _abort(context, span, exc, method)
-                    finally:
-                        if counted:
-                            self._exit()
+                """A handler that answers with `await context.write(...)` rather than by
+                yielding (grpc.aio takes both; the standard health Watch is one)."""
+                async with boundary(request, context):
+                    await inner_stream(request, context)
 
             writer = inspect.iscoroutinefunction(inner_stream)
             return grpc.unary_stream_rpc_method_handler(
@@ -334,21 +308,26 @@ async def _abort(
     await context.abort(code, status_message(error), trailing_metadata=trailing_metadata(error))
 
 
-def _mark_cancelled(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
-    """A call gRPC cancelled (its deadline passed, the caller cancelled it or went away, or
-    the server stopped): the span says which, as the gRPC conventions do for its status code.
-    Per those conventions a passed deadline is an error of a server span, a cancellation not.
+def deadline_passed(context: grpc.aio.ServicerContext) -> bool:
+    """Whether a cancelled call ran out of time rather than being cancelled by its caller.
 
     A client whose deadline passes cancels the call itself, and the server's copy of the
     deadline runs from when the call arrived, a little later: so a cancellation within
     DEADLINE_SLACK_S of the server's deadline counts as the deadline."""
-    if not span.is_recording():
-        return
     try:
         remaining = context.time_remaining()
     except Exception:  # noqa: BLE001 - a context without a deadline to ask about
-        remaining = None
-    if remaining is not None and remaining <= DEADLINE_SLACK_S:
+        return False
+    return remaining is not None and remaining <= DEADLINE_SLACK_S
+
+
+def _mark_cancelled(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
+    """A call gRPC cancelled (its deadline passed, the caller cancelled it or went away, or
+    the server stopped): the span says which, as the gRPC conventions do for its status code.
+    Per those conventions a passed deadline is an error of a server span, a cancellation not."""
+    if not span.is_recording():
+        return
+    if deadline_passed(context):
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
         span.set_attribute("error.type", "DEADLINE_EXCEEDED")
         span.set_status(Status(StatusCode.ERROR, "the caller's deadline passed"))

@@ -19,7 +19,7 @@ from shared.auth import ApiKeys, Principal
 from shared.clients import mark_cancelled_client, traced_call
 from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
 from shared.rpc_errors import from_rpc_error
-from shared.server import DEADLINE_SLACK_S
+from shared.server import deadline_passed
 from shared.telemetry.tracing import inject_metadata, tracer
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -331,10 +331,9 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 # The client went away: stop the call (its handler is cancelled) and let the
                 # dispatcher log it as cancelled before this RPC ends.
                 if not stop.done():
-                    remaining = context.time_remaining()
                     stop.set_result(
                         "the client's deadline passed"
-                        if remaining is not None and remaining <= DEADLINE_SLACK_S
+                        if deadline_passed(context)
                         else "the client cancelled the stream"
                     )
                 await asyncio.wait({task}, timeout=30)

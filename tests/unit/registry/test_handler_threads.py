@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -20,28 +19,11 @@ from services.registry.context import ToolContext
 from services.registry.core import HandlerThreads, Registry
 from services.registry.repository import SqlToolRepository
 from shared.config import Settings
-from shared.contract import ToolResult
+
+from .test_registry_core import InProcessCaller
 
 # Longer than any wait below: a handler that is never released still ends.
 RELEASE_S = 30.0
-
-
-class InProcessCaller:
-    """Composition straight into the same Registry (the service goes over gRPC)."""
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-
-    async def call_tool(
-        self, name: str, inputs: Mapping[str, Any], context: ToolContext
-    ) -> ToolResult:
-        nested = ToolContext(
-            tool_name=name,
-            tenant_id=context.tenant_id,
-            conversation_id=context.conversation_id,
-            depth=context.depth + 1,
-        )
-        return (await self.registry.execute(name, dict(inputs), nested)).result
 
 
 def make_registry(sessions: sessionmaker[Session], threads: int) -> Registry:
