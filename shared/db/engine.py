@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# SQLite: how long a connection waits for a lock; and the size a WAL is cut back to when it
+# restarts after a checkpoint (bounding the file a burst left behind; below it, the WAL's
+# pages are reused rather than the file extended again).
+BUSY_TIMEOUT_MS = 10_000
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 def normalize_url(url: str) -> str:
@@ -38,7 +43,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
-    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 

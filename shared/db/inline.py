@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 from sqlalchemy import Engine
 
+from shared.db.engine import WAL_SIZE_LIMIT
+
 
 def sqlite_file(engine: Engine) -> str | None:
     """The path of the engine's SQLite file database on the standard driver, else None."""
@@ -40,6 +42,7 @@ def open_nonblocking(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout=0")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     except BaseException:
         conn.close()
         raise

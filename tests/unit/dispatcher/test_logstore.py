@@ -236,3 +236,33 @@ async def test_the_log_and_the_guardrail_store_can_share_the_loops_connection(
         loop_db.close()
         engine.dispose()
     assert LoopConnection.for_engine(make_engine("sqlite://")) is None  # in memory: threads
+
+
+async def test_the_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
+    """Calls logged without a pause: commits land while each passive checkpoint runs, so it
+    never copies the whole WAL, and SQLite restarts the WAL only after a checkpoint that did.
+    The writer thread must restart it, or the WAL grows for as long as the load lasts (it did:
+    150 MB in 15 s in the mesh)."""
+    url = f"sqlite:///{tmp_path}/steady.db"
+    upgrade(url)
+    engine = make_engine(url)
+    call_log = SqlCallLog(session_factory(engine), checkpoint_every=10)
+    wal = tmp_path / "steady.db-wal"
+
+    async def worker(w: int) -> None:
+        for i in range(250):
+            await call_log.write(record(f"toolu_{w}_{i}"))
+            await asyncio.sleep(0.001)  # as a call waits for its tool between log writes
+
+    try:
+        await asyncio.gather(*(worker(w) for w in range(4)))
+        size = (await asyncio.to_thread(wal.stat)).st_size
+        commits = call_log._inline_commits
+    finally:
+        await asyncio.to_thread(call_log.close)
+        engine.dispose()
+    frame = 4096 + 24  # a page and its frame header
+    # The WAL's high-water mark: a few checkpoint intervals' commits of a few pages each, when
+    # it is restarted; never restarted, it holds the pages of every commit (~6 a commit here).
+    assert commits >= 200, commits
+    assert size < 60 * 10 * frame, (size, commits)
