@@ -20,6 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from shared.config import Settings
 from shared.telemetry import semconv
+from shared.telemetry.lean import LeanTracerProvider
 
 TRACER_NAME = "toolmesh"
 _provider: TracerProvider | None = None
@@ -32,10 +33,13 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
         return None
     if _provider is not None:
         return _provider
-    provider = TracerProvider(
+    # The mesh's own spans are lean spans (shared.telemetry.lean: the SDK's, cheaper per span);
+    # every other instrumentation scope gets the SDK's tracer.
+    provider = LeanTracerProvider(
         resource=Resource.create(
             {"service.name": f"toolmesh-{service}", "service.namespace": "toolmesh"}
-        )
+        ),
+        lean_scopes=[TRACER_NAME],
     )
     # Tenant and conversation travel as W3C baggage; only the allowlisted keys become span
     # attributes (on every span, in every service).
