@@ -44,8 +44,9 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import _clean_attribute_value
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, Tracer, TracerProvider, sampling
 from opentelemetry.sdk.trace import Span as SdkSpan
-from opentelemetry.sdk.trace import Tracer, TracerProvider, sampling
+from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationInfo, InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -82,7 +83,7 @@ class LeanSpan(SdkSpan):
         links: Sequence[trace_api.Link] | None,
         record_exception: bool,
         set_status_on_exception: bool,
-        record_end_metrics: Callable[[], None],
+        record_end_metrics: Callable[[], None] | None,
     ) -> None:
         # ReadableSpan's fields
         self._name = name
@@ -148,20 +149,20 @@ class LeanSpan(SdkSpan):
         self._store(key, value)
 
     def _set_all(self, attributes: Mapping[str, Any]) -> None:
-        """BoundedAttributes._set_items: the mapping cleaned as a whole (keys too)."""
-        if all(type(k) is str and k for k in attributes) and all(
-            type(v) in _PLAIN for v in attributes.values()
-        ):
-            limit = self._max_length
-            for key, value in attributes.items():
+        """BoundedAttributes._set_items: the mapping cleaned as a whole, keys too (a non-string
+        key becomes its text where it has one), pair by pair here."""
+        limit = self._max_length
+        for key, value in attributes.items():
+            if type(key) is str and key and type(value) in _PLAIN:
                 if limit is not None and type(value) is str and len(value) > limit:
                     value = _clean_attribute_value(value, limit)
                 self._store(key, value)
-            return
-        cleaned: Mapping[str, Any] = _clean_attribute_value(attributes, self._max_length)
-        self._dropped_attributes += len(attributes) - len(cleaned)
-        for key, value in cleaned.items():
-            self._store(key, value)
+                continue
+            cleaned: Mapping[str, Any] = _clean_attribute_value({key: value}, limit)
+            if not cleaned:
+                self._dropped_attributes += 1
+            for k, v in cleaned.items():
+                self._store(k, v)
 
     def set_attribute(self, key: str, value: types.AnyValue) -> None:
         if self._end_time is not None:
@@ -180,6 +181,27 @@ class LeanSpan(SdkSpan):
         return self._dropped_attributes
 
     # --- events and links: made on first use -------------------------------------------------
+
+    def add_event(
+        self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
+    ) -> None:
+        """The SDK's add_event; attributes that need no cleaning and fit the limits are kept
+        in a plain dict rather than a BoundedAttributes."""
+        limits = self._limits
+        count, length = limits.max_event_attributes, limits.max_attribute_length
+        if attributes is None or (
+            (count is None or len(attributes) <= count)
+            and all(
+                type(k) is str
+                and k
+                and type(v) in _PLAIN
+                and (length is None or type(v) is not str or len(v) <= length)
+                for k, v in attributes.items()
+            )
+        ):
+            self._add_event(Event(name, dict(attributes) if attributes else {}, timestamp))
+            return
+        super().add_event(name, attributes, timestamp)
 
     def _add_event(self, event: Any) -> None:
         with self._lock:
@@ -272,6 +294,7 @@ class LeanTracer(Tracer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._random_ids = self.id_generator.is_trace_id_random()
+        self._count_spans = not isinstance(self._tracer_metrics, NoOpTracerMetrics)
 
     def start_span(
         self,
@@ -312,7 +335,9 @@ class LeanTracer(Tracer):
             trace_flags=_FLAGS[sampled, random_id],
             trace_state=trace_state,
         )
-        record_end_metrics: Callable[[], None] = self._tracer_metrics.start_span(parent, decision)
+        record_end_metrics: Callable[[], None] | None = (
+            self._tracer_metrics.start_span(parent, decision) if self._count_spans else None
+        )
         if not decision.is_recording():
             return trace_api.NonRecordingSpan(context=span_context)
         span = LeanSpan(
