@@ -122,6 +122,7 @@ class _Retry:
 
 _RETRY = _Retry()
 _EXPIRED = object()  # the answer of a call whose deadline passed first
+_BROKEN_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -144,6 +145,7 @@ class _Connection:
         self.parts: dict[int, list[bytes]] = {}
         self.closed = False
         self.retired = False
+        self.broken = False  # a write on it failed
         self.opened = time.monotonic()
         self._outbox: collections.deque[mpb.Call] = collections.deque()
         self._loop = asyncio.get_running_loop()
@@ -175,11 +177,14 @@ class _Connection:
             wake.set_result(None)
 
     async def _write_loop(self) -> None:
+        batch: list[mpb.Call] = []
         try:
             while not self.closed:
                 while self._outbox:
                     # Everything queued while the previous message was written goes in one.
-                    await self.call.write(mpb.CallsRequest(calls=_take(self._outbox)))
+                    batch = _take(self._outbox)
+                    await self.call.write(mpb.CallsRequest(calls=batch))
+                batch = []
                 if self.retired:
                     await self.call.done_writing()
                     return
@@ -190,7 +195,23 @@ class _Connection:
             raise
         except Exception as exc:  # noqa: BLE001 - the stream failed; the reader reports how
             logger.debug("call stream write failed: %s", exc)
+            self._write_failed([*batch, *self._outbox])
             self.call.cancel()
+
+    def _write_failed(self, unsent: list[mpb.Call]) -> None:
+        """A write failed: the server had already ended the stream (a draining server ends an
+        idle stream at once, and a call can be written before the client has read that end),
+        or the stream broke. The calls in that write, and those queued after it, never reached
+        the server: they are sent again, on a new stream, as after a clean end. The stream
+        takes no more calls; those already on it end UNAVAILABLE (see _end)."""
+        self.broken = True
+        self.closed = True
+        self._owner.forget(self)
+        self._outbox.clear()
+        for frame in unsent:
+            future = None if frame.cancel else self.pending.pop(frame.call_id, None)
+            if future is not None and not future.done():
+                future.set_result(_RETRY)
 
     async def _read_loop(self) -> None:
         error: grpc.aio.AioRpcError | None = None
@@ -230,6 +251,11 @@ class _Connection:
         not serve MuxService. Any other end fails them with the stream's status."""
         self.closed = True
         self._owner.forget(self)
+        if self.broken and error is not None and error.code() in _BROKEN_CODES:
+            # What our failed write left (gRPC answers INTERNAL "Internal error from Core" for
+            # a write on a finished stream, CANCELLED after ours): the calls already on the
+            # stream may or may not have run, as when a connection drops.
+            error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the call stream broke")
         if error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
             self._owner.disable(error)
         retry = error is None or error.code() == grpc.StatusCode.UNIMPLEMENTED

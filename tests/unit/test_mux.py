@@ -412,3 +412,38 @@ async def test_api_keys_are_checked_for_every_call_on_the_stream(handlers: Handl
         for channel in (keyless, tenant, admin):
             await channel.close()
         await server.stop(None)
+
+
+async def test_calls_whose_write_fails_are_sent_again_on_a_new_stream(handlers: Handlers) -> None:
+    """A write on a stream the server has already ended (a draining server ends an idle stream
+    at once; the client can write before it has read that end) fails INTERNAL in gRPC: the
+    calls in it never reached the server, so they go again on a new stream; a call already on
+    the broken stream ends UNAVAILABLE, never INTERNAL."""
+    server, address = await _server(handlers)
+    channel = MuxChannel(grpc.aio.insecure_channel(address), streams=1)
+    try:
+        echo = method(channel, "echo")
+        assert await echo(b"first") == b"first"
+        slow = asyncio.ensure_future(method(channel, "slow")(b"", timeout=10))
+        await asyncio.wait_for(handlers.started.wait(), 5)
+        broken = channel._slots[0]
+        assert broken is not None
+
+        async def failing_write(message: Any) -> None:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.INTERNAL,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details="Internal error from Core",
+            )
+
+        broken.call.write = failing_write  # type: ignore[method-assign]
+        assert await asyncio.wait_for(echo(b"again"), 5) == b"again"
+        assert channel._slots[0] is not broken
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(slow, 5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        handlers.release.set()
+        await channel.close()
+        await server.stop(None)
