@@ -301,6 +301,12 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0_and_refuses_new_cal
         target = {"registry": registry, "dispatcher": dispatcher}[victim]
         with services(dispatcher), grpc.insecure_channel(dispatcher.address) as ch:
             stub = dispatcher_pb2_grpc.DispatcherServiceStub(ch)
+            # A first call warms what a conversation's first call awaits before it reaches the
+            # registry (the conversation's state row, the tool's timeout, the rule cache): the
+            # two calls below then go on to the registry in the order they came, and the quick
+            # one's answer means the slow one has reached the registry too.
+            warm = stub.DispatchToolCall(request("ping", {}, "drain"), timeout=30)
+            assert warm.result.envelope.WhichOneof("kind") == "ok"
             slow: Future[dpb.DispatchToolCallResponse] = stub.DispatchToolCall.future(
                 request("ping", {"delay_ms": 2000, "echo": "slow"}, "drain"), timeout=30
             )
