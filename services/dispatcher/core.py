@@ -34,7 +34,7 @@ from services.dispatcher.guardrails import (
     PolicyDecision,
     PolicyRule,
     args_hash,
-    call_identity,
+    call_hashes,
     check_policies,
     escalate,
     loop_guard_message,
@@ -506,7 +506,8 @@ class Dispatcher:
     ) -> list[_Plan]:
         tenant, conversation, user = context.tenant_id, context.conversation_id, context.user_id
         rules = await self._rules.for_tenant(tenant)
-        identities = [call_identity(tu.name, inputs) for tu, inputs in items]
+        hashes = [call_hashes(tu.name, inputs) for tu, inputs in items]
+        identities = [identity for _, identity in hashes]
         applicable = [[r for r in rules if r.applies_to(tenant, tu.name)] for tu, _ in items]
         prior = sorted(
             {r.prior_tool for rs in applicable for r in rs if r.kind == "require_prior_tool"}
@@ -575,8 +576,8 @@ class Dispatcher:
             else {}
         )
         plans: list[_Plan] = []
-        for (tu, inputs), identity, (loop_after, checks) in zip(
-            items, identities, checked, strict=True
+        for (tu, inputs), (hashed, identity), (loop_after, checks) in zip(
+            items, hashes, checked, strict=True
         ):
             ctx = pb.CallContext()
             ctx.CopyFrom(context)
@@ -585,7 +586,7 @@ class Dispatcher:
                 tool_use=tu,
                 inputs=inputs,
                 ctx=ctx,
-                args_hash=args_hash(tu.name, {k: v for k, v in inputs.items() if k != "reasoning"}),
+                args_hash=hashed,
                 identity=identity,
                 loop=loop_after,
                 decision=escalate(checks, observations),

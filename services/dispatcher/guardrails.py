@@ -56,6 +56,15 @@ def call_identity(tool_name: str, inputs: Mapping[str, Any]) -> str:
     return args_hash(tool_name, operative_input(inputs))
 
 
+def call_hashes(tool_name: str, inputs: Mapping[str, Any]) -> tuple[str, str]:
+    """(args_hash of the input without `reasoning`, call_identity): one hash when the input
+    has no other narration key, as usual, since both then hash the same payload."""
+    hashed = args_hash(tool_name, {k: v for k, v in inputs.items() if k != "reasoning"})
+    if any(k in NARRATION_KEYS and k != "reasoning" for k in inputs):
+        return hashed, call_identity(tool_name, inputs)
+    return hashed, hashed
+
+
 @dataclass(frozen=True)
 class LoopState:
     """The loop guard's view of a conversation: how many calls it has seen (`seq`, which also

@@ -17,6 +17,7 @@ from services.dispatcher.guardrails import (
     LoopState,
     PolicyRule,
     args_hash,
+    call_hashes,
     call_identity,
     check_rule,
     evaluate_policies,
@@ -344,3 +345,22 @@ def test_the_json_path_subset_finds_values(path: str, found: bool, value: Any) -
 def test_paths_outside_the_subset_are_rejected(path: str) -> None:
     with pytest.raises(jsonpath.JsonPathError):
         jsonpath.parse(path)
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        {},
+        {"sql": "SELECT 1"},
+        {"sql": "SELECT 1", "reasoning": "why"},
+        {"sql": "SELECT 1", "thought": "hm"},
+        {"sql": "SELECT 1", "reasoning": "why", "explanation": "because"},
+        {"reasoning": "only narration"},
+    ],
+)
+def test_call_hashes_are_the_args_hash_without_reasoning_and_the_identity(
+    inputs: dict[str, Any],
+) -> None:
+    hashed, identity = call_hashes("query", inputs)
+    assert hashed == args_hash("query", {k: v for k, v in inputs.items() if k != "reasoning"})
+    assert identity == call_identity("query", inputs)
