@@ -54,6 +54,15 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise ValueError(f"{key}={raw!r} is not an integer") from exc
 
 
+def _bounded_float(
+    env: Mapping[str, str], key: str, default: float, low: float, high: float
+) -> float:
+    value = _float(env, key, default)
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"{key}={value} is not between {low:g} and {high:g}")
+    return value
+
+
 def _bounded_int(env: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     value = _int(env, key, default)
     if not low <= value <= high:
@@ -136,6 +145,10 @@ class Settings:
                         the only directories load_dataset may read.
     tool_timeout_s      TOOLMESH_TOOL_TIMEOUT_S, default 300 — per-call timeout.
     max_input_bytes     TOOLMESH_MAX_INPUT_BYTES, default 4 MiB — largest accepted tool input.
+    log_group_delay_ms  TOOLMESH_LOG_GROUP_DELAY_MS, default 2 (0..100; 0 turns it off) — on
+                        SQLite, while the dispatcher's event loop is saturated, how long the
+                        commit of a call's log rows waits for other recent calls' rows (group
+                        commit; on an idle loop a commit never waits).
     max_dataset_bytes   TOOLMESH_MAX_DATASET_BYTES, default 128 MiB — the most load_dataset reads
                         from one file (after decompression; for Parquet, its uncompressed size)
                         and the largest result query keeps for save_as.
@@ -222,6 +235,7 @@ class Settings:
     data_roots: tuple[Path, ...] = ()
     tool_timeout_s: float = 300.0
     max_input_bytes: int = 4 * 1024 * 1024
+    log_group_delay_ms: float = 2.0
     max_dataset_bytes: int = 128 * 1024 * 1024
     tool_cache_ttl_s: float = 2.0
     tracing: bool = True
@@ -297,6 +311,7 @@ class Settings:
             data_roots=roots,
             tool_timeout_s=_float(env, "TOOLMESH_TOOL_TIMEOUT_S", 300.0),
             max_input_bytes=_int(env, "TOOLMESH_MAX_INPUT_BYTES", 4 * 1024 * 1024),
+            log_group_delay_ms=_bounded_float(env, "TOOLMESH_LOG_GROUP_DELAY_MS", 2.0, 0, 100),
             max_dataset_bytes=_int(env, "TOOLMESH_MAX_DATASET_BYTES", 128 * 1024 * 1024),
             tool_cache_ttl_s=_float(env, "TOOLMESH_TOOL_CACHE_TTL_S", 2.0),
             tracing=_bool(env.get("TOOLMESH_TRACING"), True),

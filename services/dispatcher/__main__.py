@@ -50,6 +50,7 @@ async def serve(settings: Settings, port: int) -> None:
         data_dir=settings.data_dir,
         effects_store=effects_store,
     )
+    log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
     server, bound, health = await create_server(
         [
             ServiceBinding(

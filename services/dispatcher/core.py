@@ -43,7 +43,13 @@ from services.dispatcher.guardrails import (
     repeat_failure_hint,
     validate_rule,
 )
-from services.dispatcher.logstore import CallLog, CallRecord, StateWrite, summarize
+from services.dispatcher.logstore import (
+    CallLog,
+    CallRecord,
+    ComingWrites,
+    StateWrite,
+    summarize,
+)
 from services.dispatcher.statestore import (
     FailedApproachWrite,
     GuardrailStore,
@@ -272,6 +278,7 @@ class _Plan:
     writes: list[StateWrite] = field(default_factory=list)
     # Set by a streaming caller: resolving it stops the call (the client went away).
     stop: asyncio.Future[str] | None = None
+    log_token: int = 0  # its mark in Dispatcher.coming_writes while it runs
 
     @property
     def tool_use_id(self) -> str:
@@ -312,6 +319,8 @@ class Dispatcher:
         self._inflight = InflightCalls(self._read_epochs, poll_interval_s=poll_interval_s)
         self._poll_interval_s = poll_interval_s
         self._effects = ResultEffects((data_dir or Path(".toolmesh")).resolve(), effects_store)
+        # Calls running toward their log write (a call log may group its commits by them).
+        self.coming_writes = ComingWrites(clock)
 
     def _run_store(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Run a blocking store call on the store's few threads: a handful of threads keep the
@@ -683,6 +692,7 @@ class Dispatcher:
         cancellation goes on."""
         started = self._clock()
         logged: list[bool] = []
+        plan.log_token = self.coming_writes.begin()
         try:
             return await self._run_logged(plan, approaches, started, logged, raise_rpc_errors)
         except asyncio.CancelledError:
@@ -697,10 +707,18 @@ class Dispatcher:
                     plan, elapsed, result, "cancelled", 0, list(plan.warnings)
                 )
                 try:
-                    await self._log.write(record)  # shielded: it commits even if cancelled again
+                    await self._write_log(plan, record)  # shielded: commits even if cancelled again
                 except ToolmeshError as error:
                     logger.warning("a cancelled call could not be logged: %s", error.message)
             raise
+        finally:
+            self.coming_writes.end(plan.log_token)
+
+    async def _write_log(self, plan: _Plan, record: CallRecord) -> None:
+        """Hand the call's record to the log (its write is no longer to come: see
+        ComingWrites) and wait for the commit."""
+        self.coming_writes.end(plan.log_token)
+        await self._log.write(record)
 
     async def _run_logged(
         self,
@@ -721,7 +739,7 @@ class Dispatcher:
             except ToolmeshError as error:
                 elapsed = (self._clock() - started) * 1000
                 logged.append(True)  # queued before the first await: committed from here on
-                await self._log.write(self._error_record(plan, elapsed, error))
+                await self._write_log(plan, self._error_record(plan, elapsed, error))
                 if raise_rpc_errors:
                     raise
                 return DispatchOutcome(
@@ -759,8 +777,8 @@ class Dispatcher:
                 warnings.append(hint)
         elapsed = (self._clock() - started) * 1000
         logged.append(True)
-        await self._log.write(
-            self._result_record(plan, elapsed, result, status, attempts, warnings)
+        await self._write_log(
+            plan, self._result_record(plan, elapsed, result, status, attempts, warnings)
         )
         return DispatchOutcome(
             result=result,

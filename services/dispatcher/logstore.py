@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -53,6 +55,15 @@ _READ_BATCH = 16
 _ENTRY_OVERHEAD = 256
 # Commits on the event loop leave checkpointing to the writer thread, every this many commits.
 CHECKPOINT_EVERY = 200
+# Group commit (SqlCallLog.group_commits): a commit waits for the writes of calls that started
+# within this many delays, only while the event loop is saturated — the mean delay of a
+# callback scheduled when a call's record arrives is at least SATURATED_LAG_S (measured in the
+# mesh: ~10 µs at one or two calls in flight, ~40 µs at four, ~240 µs at 64) — and never for
+# more than GROUP_MAX records.
+GROUP_HORIZON_DELAYS = 10
+SATURATED_LAG_S = 50e-6
+GROUP_MAX = 64
+_LAG_WEIGHT = 0.1  # of each new sample in the loop's mean lag
 # How long a checkpoint that resets the WAL waits for readers and writers (then it gives up
 # until the next round).
 RESTART_WAIT_MS = 50
@@ -101,6 +112,32 @@ class CallRecord:
     trace_id: str
     events: list[EventRecord] = field(default_factory=list)
     state_writes: list[StateWrite] = field(default_factory=list)
+
+
+class ComingWrites:
+    """Calls that will write the call log soon: the dispatcher marks each call from the start
+    of its run until it hands its record to the log (see SqlCallLog.group_commits)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._started: dict[int, float] = {}
+        self._tokens = itertools.count(1)
+
+    def begin(self) -> int:
+        token = next(self._tokens)
+        self._started[token] = self._clock()
+        return token
+
+    def end(self, token: int) -> None:
+        self._started.pop(token, None)
+
+    def recent(self, horizon_s: float) -> int:
+        """Calls still to write that started less than `horizon_s` ago (an older one is a
+        slow tool, not worth waiting for)."""
+        if not self._started:
+            return 0
+        since = self._clock() - horizon_s
+        return sum(1 for started in self._started.values() if started > since)
 
 
 @dataclass(frozen=True)
@@ -209,6 +246,11 @@ class SqlCallLog:
         self._loop_db = LoopConnection.for_engine(engine) if loop_db is None else loop_db
         self._inline_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[CallRecord, asyncio.Future[None]]] = []
+        self._flush: asyncio.Handle | None = None  # the scheduled flush of _pending
+        self._flush_soon = False  # ...at the next loop iteration, not after a delay
+        self._coming: ComingWrites | None = None
+        self._group_delay_s = 0.0
+        self._loop_lag_s = 0.0  # mean delay of a callback scheduled when a record arrives
         self._inline_commits = 0
         self._thread = threading.Thread(target=self._run, name="call-log-writer", daemon=True)
         self._thread.start()
@@ -228,8 +270,9 @@ class SqlCallLog:
         if self._loop_db is not None and self._inline_loop in (None, loop):
             self._inline_loop = loop
             self._pending.append((record, future))
-            if len(self._pending) == 1:
-                loop.call_soon(self._flush_inline)
+            if self._coming is not None:
+                loop.call_soon(self._measure_lag, time.perf_counter())
+            self._schedule_flush(loop)
         else:
             self._queue.put((record, future, loop))
         await asyncio.shield(future)
@@ -243,7 +286,47 @@ class SqlCallLog:
 
     # --- commits on the event loop (SQLite file databases) ------------------------------------
 
+    def group_commits(self, coming: ComingWrites, delay_s: float) -> None:
+        """Group commit while the event loop is saturated.
+
+        A commit's fixed cost (the transaction, and the WAL frames of every table and index it
+        touches) was most of a call's write at 64 calls in flight, with one call's rows to a
+        commit. Once the loop is saturated (SATURATED_LAG_S), a commit waits up to `delay_s`
+        for the writes of calls that started within GROUP_HORIZON_DELAYS × `delay_s` (from
+        `coming`), and commits as soon as the last of them has written or GROUP_MAX records
+        wait. Otherwise it commits at the next loop iteration, as without grouping: a caller on
+        an idle loop never waits (waiting for a sibling call's write at two calls in flight
+        cost 17% of throughput). `delay_s` 0 turns it off."""
+        self._coming = coming if delay_s > 0 else None
+        self._group_delay_s = delay_s
+
+    def _measure_lag(self, scheduled: float) -> None:
+        self._loop_lag_s += _LAG_WEIGHT * (time.perf_counter() - scheduled - self._loop_lag_s)
+
+    def _schedule_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        coming = self._coming
+        wait = (
+            coming is not None
+            and self._loop_lag_s >= SATURATED_LAG_S
+            and len(self._pending) < GROUP_MAX
+            and coming.recent(self._group_delay_s * GROUP_HORIZON_DELAYS) > 0
+        )
+        flush = self._flush
+        if flush is not None:
+            if wait or self._flush_soon:
+                return  # already due
+            flush.cancel()  # nothing left worth waiting for
+        if wait:
+            self._flush = loop.call_later(self._group_delay_s, self._flush_inline)
+            self._flush_soon = False
+        else:
+            self._flush = loop.call_soon(self._flush_inline)
+            self._flush_soon = True
+
     def _flush_inline(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()  # when called directly
+            self._flush = None
         batch, self._pending = self._pending, []
         if not batch:
             return

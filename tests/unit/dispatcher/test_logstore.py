@@ -18,8 +18,16 @@ from sqlalchemy import Engine, Table, TextClause, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.dispatcher.guardrails import LoopState
-from services.dispatcher.logstore import BLOB_THRESHOLD, CallRecord, EventRecord, SqlCallLog
+from services.dispatcher.logstore import (
+    BLOB_THRESHOLD,
+    SATURATED_LAG_S,
+    CallRecord,
+    ComingWrites,
+    EventRecord,
+    SqlCallLog,
+)
 from services.dispatcher.statestore import LoopStateWrite, SqlGuardrailStore
+from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.db.inline import LoopConnection
 from shared.db.models import ConversationEventRow, ToolExecutionLogRow
@@ -266,3 +274,77 @@ async def test_the_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
     # it is restarted; never restarted, it holds the pages of every commit (~6 a commit here).
     assert commits >= 200, commits
     assert size < 60 * 10 * frame, (size, commits)
+
+
+async def test_group_commit_waits_for_coming_writes_only_while_the_loop_is_saturated(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/grouped.db"
+    upgrade(url)
+    engine = make_engine(url)
+    call_log = SqlCallLog(session_factory(engine), checkpoint_every=10**9)
+    now = [0.0]
+    coming = ComingWrites(clock=lambda: now[0])
+    call_log.group_commits(coming, 0.5)  # long, so that no wait passes unnoticed
+    loop = asyncio.get_running_loop()
+    try:
+        # An idle loop: another call still to come, but the commit does not wait for it.
+        other = coming.begin()
+        await asyncio.wait_for(call_log.write(record("idle")), 0.25)
+        assert call_log._inline_commits == 1
+
+        # Saturated (the loop's measured lag far above the threshold): the commit waits for
+        # the coming call's write, and both go in one transaction as soon as it arrives.
+        call_log._loop_lag_s = 1.0
+        first = asyncio.ensure_future(call_log.write(record("first")))
+        await asyncio.sleep(0.05)
+        assert not first.done()
+        coming.end(other)
+        began = loop.time()
+        await asyncio.wait_for(call_log.write(record("last")), 0.25)
+        await first
+        assert loop.time() - began < 0.25  # the last one came: no waiting out the delay
+        assert call_log._inline_commits == 2
+
+        # A coming call that never writes holds a commit for the delay at most.
+        call_log._loop_lag_s = 1.0
+        stuck = coming.begin()
+        began = loop.time()
+        await asyncio.wait_for(call_log.write(record("bounded")), 10)
+        assert 0.45 <= loop.time() - began < 5
+        assert call_log._inline_commits == 3
+
+        # A call that started long ago (a slow tool) is not waited for.
+        now[0] += 60
+        call_log._loop_lag_s = 1.0
+        await asyncio.wait_for(call_log.write(record("not held")), 0.25)
+        coming.end(stuck)
+        assert call_log._inline_commits == 4
+        assert len(log_rows(engine)) == 5
+    finally:
+        await asyncio.to_thread(call_log.close)
+        engine.dispose()
+
+
+async def test_the_loop_lag_is_measured_from_the_writes(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/lag.db"
+    upgrade(url)
+    engine = make_engine(url)
+    call_log = SqlCallLog(session_factory(engine))
+    call_log.group_commits(ComingWrites(), 0.002)
+    try:
+        call_log._loop_lag_s = 0.01
+        for i in range(100):  # an idle loop: each probe runs at once
+            await call_log.write(record(f"toolu_{i}"))
+        assert call_log._loop_lag_s < SATURATED_LAG_S
+    finally:
+        await asyncio.to_thread(call_log.close)
+        engine.dispose()
+
+
+def test_the_group_commit_delay_is_read_and_checked() -> None:
+    assert Settings.from_env({}).log_group_delay_ms == 2.0
+    assert Settings.from_env({"TOOLMESH_LOG_GROUP_DELAY_MS": "0"}).log_group_delay_ms == 0.0
+    for bad in ("-1", "101", "nan", "soon"):
+        with pytest.raises(ValueError, match="TOOLMESH_LOG_GROUP_DELAY_MS"):
+            Settings.from_env({"TOOLMESH_LOG_GROUP_DELAY_MS": bad})
