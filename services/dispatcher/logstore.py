@@ -131,13 +131,14 @@ class ComingWrites:
     def end(self, token: int) -> None:
         self._started.pop(token, None)
 
-    def recent(self, horizon_s: float) -> int:
-        """Calls still to write that started less than `horizon_s` ago (an older one is a
-        slow tool, not worth waiting for)."""
+    def any_recent(self, horizon_s: float) -> bool:
+        """Whether a call still to write started less than `horizon_s` ago (an older one is a
+        slow tool, not worth waiting for). Newest first, so this is usually one look even with
+        a whole batch in flight."""
         if not self._started:
-            return 0
+            return False
         since = self._clock() - horizon_s
-        return sum(1 for started in self._started.values() if started > since)
+        return any(started > since for started in reversed(self._started.values()))
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,7 @@ class SqlCallLog:
             coming is not None
             and self._loop_lag_s >= SATURATED_LAG_S
             and len(self._pending) < GROUP_MAX
-            and coming.recent(self._group_delay_s * GROUP_HORIZON_DELAYS) > 0
+            and coming.any_recent(self._group_delay_s * GROUP_HORIZON_DELAYS)
         )
         flush = self._flush
         if flush is not None:

@@ -348,3 +348,20 @@ def test_the_group_commit_delay_is_read_and_checked() -> None:
     for bad in ("-1", "101", "nan", "soon"):
         with pytest.raises(ValueError, match="TOOLMESH_LOG_GROUP_DELAY_MS"):
             Settings.from_env({"TOOLMESH_LOG_GROUP_DELAY_MS": bad})
+
+
+def test_coming_writes_tell_recent_calls_from_old_ones() -> None:
+    now = [100.0]
+    coming = ComingWrites(clock=lambda: now[0])
+    assert not coming.any_recent(1.0)
+    old = coming.begin()
+    now[0] += 5
+    assert not coming.any_recent(1.0)  # only a call that started 5 s ago: a slow tool
+    new = coming.begin()
+    assert coming.any_recent(1.0)
+    coming.end(new)
+    coming.end(new)  # ending twice is harmless
+    assert not coming.any_recent(1.0)
+    assert coming.any_recent(10.0)
+    coming.end(old)
+    assert not coming.any_recent(10.0)
