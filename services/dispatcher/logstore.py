@@ -325,9 +325,7 @@ class SqlCallLog:
             self._flush_soon = True
 
     def _flush_inline(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()  # when called directly
-            self._flush = None
+        self._flush = None  # this run is the scheduled flush (only one is ever scheduled)
         batch, self._pending = self._pending, []
         if not batch:
             return
