@@ -64,6 +64,14 @@ def record(tool_use_id: str, **kw: Any) -> CallRecord:
     return CallRecord(**fields)
 
 
+def migrated_sqlite(tmp_path: Path, name: str) -> Engine:
+    """A migrated SQLite file database `name`.db in `tmp_path` (the loop's commits need a
+    file)."""
+    url = f"sqlite:///{tmp_path}/{name}.db"
+    upgrade(url)
+    return make_engine(url)
+
+
 def log_rows(engine: Engine, **where: str) -> list[dict[str, Any]]:
     stmt = select(_LOG).order_by(_LOG.c.id)
     for column, value in where.items():
@@ -157,9 +165,7 @@ async def test_a_failing_write_leaves_no_rows_and_the_log_keeps_serving(
 @pytest.fixture
 def sqlite_file(tmp_path: Path) -> Iterator[tuple[Engine, SqlCallLog]]:
     """A call log on a SQLite file (the commits-on-the-loop path)."""
-    url = f"sqlite:///{tmp_path}/toolmesh.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, "toolmesh")
     call_log = SqlCallLog(session_factory(engine))
     yield engine, call_log
     call_log.close()
@@ -198,9 +204,7 @@ async def test_a_lock_held_by_another_writer_never_blocks_the_loop_and_loses_not
 
 
 async def wal_size_after(tmp_path: Path, name: str, checkpoint_every: int, calls: int) -> int:
-    url = f"sqlite:///{tmp_path}/{name}.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, name)
     call_log = SqlCallLog(session_factory(engine), checkpoint_every=checkpoint_every)
     try:
         for i in range(calls):
@@ -225,9 +229,7 @@ async def test_the_writer_thread_checkpoints_the_wal_of_commits_made_on_the_loop
 async def test_the_log_and_the_guardrail_store_can_share_the_loops_connection(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/shared.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, "shared")
     loop_db = LoopConnection.for_engine(engine)
     assert loop_db is not None
     log = SqlCallLog(session_factory(engine), loop_db=loop_db)
@@ -251,9 +253,7 @@ async def test_the_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
     never copies the whole WAL, and SQLite restarts the WAL only after a checkpoint that did.
     The writer thread must restart it, or the WAL grows for as long as the load lasts (it did:
     150 MB in 15 s in the mesh)."""
-    url = f"sqlite:///{tmp_path}/steady.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, "steady")
     call_log = SqlCallLog(session_factory(engine), checkpoint_every=10)
     wal = tmp_path / "steady.db-wal"
 
@@ -279,9 +279,7 @@ async def test_the_wal_stays_bounded_under_steady_load(tmp_path: Path) -> None:
 async def test_group_commit_waits_for_coming_writes_only_while_the_loop_is_saturated(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/grouped.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, "grouped")
     call_log = SqlCallLog(session_factory(engine), checkpoint_every=10**9)
     now = [0.0]
     coming = ComingWrites(clock=lambda: now[0])
@@ -327,9 +325,7 @@ async def test_group_commit_waits_for_coming_writes_only_while_the_loop_is_satur
 
 
 async def test_the_loop_lag_is_measured_from_the_writes(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/lag.db"
-    upgrade(url)
-    engine = make_engine(url)
+    engine = migrated_sqlite(tmp_path, "lag")
     call_log = SqlCallLog(session_factory(engine))
     call_log.group_commits(ComingWrites(), 0.002)
     try:
