@@ -33,6 +33,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
 from services.registry.context import ToolContext, cancellable, reset_cancellation
+from services.registry.fast_accept import Acceptor, fast_acceptor
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
 from shared import convert, schema_regex
@@ -228,7 +229,11 @@ class Registry:
         self._routes = dict(routes or {})
         self._handlers: dict[str, Handler] = {}
         self._cache: dict[str, tuple[float, ToolDef | None]] = {}
-        self._validators: dict[tuple[str, int], jsonschema.protocols.Validator] = {}
+        # Per (tool, version): jsonschema's validator, and the compiled first pass that
+        # accepts valid input without it (services.registry.fast_accept), when there is one.
+        self._validators: dict[
+            tuple[str, int], tuple[jsonschema.protocols.Validator, Acceptor | None]
+        ] = {}
         self._cache_ttl_s = cache_ttl_s
         self._max_depth = max_depth
         self._threads = HandlerThreads(handler_threads, max_depth=max_depth)
@@ -501,8 +506,8 @@ class Registry:
 
     def _validate(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
         key = (tool.name, tool.version)
-        validator = self._validators.get(key)
-        if validator is None:
+        cached = self._validators.get(key)
+        if cached is None:
             cls = jsonschema.validators.validator_for(
                 tool.input_schema, jsonschema.Draft202012Validator
             )
@@ -513,8 +518,11 @@ class Registry:
                 return Hint(
                     "schema", f"tool {tool.name!r} has an invalid input schema: {exc.message}"
                 )
-            validator = cls(tool.input_schema)
-            self._validators[key] = validator
+            cached = (cls(tool.input_schema), fast_acceptor(tool.input_schema))
+            self._validators[key] = cached
+        validator, accept = cached
+        if accept is not None and accept(inputs):
+            return None
         try:
             found = list(validator.iter_errors(inputs))
         except referencing.exceptions.Unresolvable as exc:  # an MCP server's dangling $ref
