@@ -11,6 +11,7 @@ legacy dict shape and the typed envelope:
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -110,10 +111,26 @@ def to_envelope(result: ToolResult) -> Envelope:
     return Ok(rows=rows, schema=schema, data=result.content or None, effects=effects)
 
 
+# The envelope turned into a ToolResult last (by identity) and its rendered text. A spec-only
+# handler returns envelope_to_tool_result(envelope) to its direct callers; behind the contract
+# wrapper the registry gets that envelope back and turns it into a ToolResult again, right after,
+# in the same task: the same rendering twice on every such call. Envelopes are not changed in
+# place once made (the contract boundary makes a new one with dataclasses.replace), so the text
+# is reused once; any other sequence of calls just renders.
+_last_rendered: tuple[weakref.ref[Any], str] | None = None
+
+
 def envelope_to_tool_result(envelope: Envelope) -> ToolResult:
     """Translate an envelope back to a ToolResult at the dispatch boundary: Ok carries its
     effects, Hint is not an error, Err sets `error`."""
-    rendered = render_envelope(envelope)
+    global _last_rendered
+    last = _last_rendered
+    if last is not None and last[0]() is envelope:
+        rendered = last[1]
+        _last_rendered = None
+    else:
+        rendered = render_envelope(envelope)
+        _last_rendered = (weakref.ref(envelope), rendered)
     if isinstance(envelope, Ok):
         fx = envelope.effects
         return ToolResult(

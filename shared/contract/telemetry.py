@@ -113,7 +113,9 @@ class ContractCounters:
 
     def record(self, event: ContractEvent) -> None:
         with self._lock:
-            tally = self._tallies.setdefault(event.tool_name, _Tally())
+            tally = self._tallies.get(event.tool_name)
+            if tally is None:
+                tally = self._tallies[event.tool_name] = _Tally()
             tally.kinds[event.kind] += 1
             if event.hint_kind is not None:
                 tally.hint_kinds[event.hint_kind] += 1
