@@ -38,6 +38,8 @@ PREVIEW_COLUMNS = 20
 TABLE_WIDTH = 160  # display columns of a preview line before further columns are left out
 NAMED_HIDDEN_COLUMNS = 10  # hidden columns listed by name in the marker line
 OK_PREFIX = "✓ ok."
+# Data rendered as JSON (one encoder for every call; it keeps no state between calls).
+_INDENTED = json.JSONEncoder(ensure_ascii=False, indent=2, default=str)
 
 
 def _plural(n: int, word: str) -> str:
@@ -122,7 +124,7 @@ def _render_data(data: Any) -> list[str]:
     if isinstance(data, str):
         return [data] if data else []
     try:
-        return [json.dumps(data, ensure_ascii=False, indent=2, default=str)]
+        return [_INDENTED.encode(data)]
     except (TypeError, ValueError):  # circular structures
         return [str(data)]
 

@@ -195,3 +195,17 @@ def test_a_pattern_is_still_enforced_by_jsonschema_on_re2(registry: Registry) ->
     # RE2's \d is ASCII: Arabic-Indic digits do not match (the Rust engine's would).
     hint = registry._validate(digits, {"d": "١٢٣"})
     assert isinstance(hint, Hint) and hint.hint_kind == "schema"
+
+
+def test_hostile_depth_neither_crashes_nor_recurses_without_bound() -> None:
+    deep_schema: dict[str, Any] = {"type": "array"}
+    for _ in range(2000):
+        deep_schema = {"type": "array", "items": deep_schema}
+    assert fast_acceptor(deep_schema) is None  # the compiled validator refuses it: jsonschema
+
+    accept = fast_acceptor({"type": "object", "properties": {"x": {"type": "array"}}})
+    assert accept is not None
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert accept({"x": deep}) is True
