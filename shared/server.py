@@ -4,13 +4,12 @@ standard health service, server reflection, and graceful shutdown on SIGTERM/SIG
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
 import signal
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,55 +161,20 @@ class HandlerWrapper:
         auth = None if infrastructure else self._auth
         counting = not infrastructure  # a health Watch never ends: it does not hold a drain
         service, _, name = method.lstrip("/").rpartition("/")
-        attrs = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
-        span_name = method.lstrip("/")
+        rpc = _Rpc(
+            wrapper=self,
+            method=method,
+            name=name,
+            span_name=method.lstrip("/"),
+            attrs={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
+            traced=traced,
+            trust_baggage=self._trust_baggage,
+            auth=auth,
+            counting=counting,
+        )
 
-        @contextlib.contextmanager
-        def start_span(context: grpc.aio.ServicerContext) -> Iterator[Any]:
-            if not traced:
-                with trace.use_span(trace.INVALID_SPAN) as invalid:
-                    yield invalid
-                return
-            md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-            # The caller's context (with its baggage, when trusted) becomes the current one for
-            # the whole call, so the handler's own spans and outgoing calls carry it too.
-            token = otel_context.attach(extract_context(md, trust_baggage=self._trust_baggage))
-            try:
-                with tracer().start_as_current_span(
-                    span_name,
-                    kind=SpanKind.SERVER,
-                    attributes=attrs,
-                    record_exception=False,
-                    set_status_on_exception=False,
-                ) as span:
-                    yield span
-            finally:
-                otel_context.detach(token)
-
-        @contextlib.asynccontextmanager
-        async def boundary(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-            """The RPC boundary every wrapped call runs inside: its SERVER span, the drain's
-            count, the API-key check, an undecodable request refused, a cancellation recorded on
-            the span, and any failure mapped to a rich status."""
-            with start_span(context) as span:
-                counted = False
-                try:
-                    if counting:
-                        self._enter()
-                        counted = True
-                    if auth is not None:
-                        auth.check(name, request, context)
-                    if isinstance(request, _Undecodable):
-                        raise request.error()
-                    yield
-                except asyncio.CancelledError:
-                    _mark_cancelled(span, context)
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the top-level RPC boundary
-                    await _abort(context, span, exc, method)
-                finally:
-                    if counted:
-                        self._exit()
+        def boundary(request: Any, context: grpc.aio.ServicerContext) -> _Boundary:
+            return _Boundary(rpc, request, context)
 
         deserialize = _decoding(handler.request_deserializer, method)
         if handler.unary_unary:
@@ -246,6 +210,90 @@ class HandlerWrapper:
                 response_serializer=handler.response_serializer,
             )
         return handler  # stream-unary / stream-stream: reflection only; passed through
+
+
+@dataclass(frozen=True)
+class _Rpc:
+    """What the boundary of one wrapped method needs, fixed when the method is registered."""
+
+    wrapper: HandlerWrapper
+    method: str
+    name: str
+    span_name: str
+    attrs: dict[str, str]
+    traced: bool
+    trust_baggage: bool
+    auth: MeshAuth | None
+    counting: bool
+
+
+_UNTRACED_CONTEXT = trace.set_span_in_context(trace.INVALID_SPAN)
+
+
+class _Boundary:
+    """The RPC boundary every wrapped call runs inside: its SERVER span (continuing the
+    caller's trace, whose context, with its baggage when trusted, is the current one for the
+    whole call, so the handler's spans and outgoing calls carry it), the drain's count, the
+    API-key check, an undecodable request refused, a cancellation recorded on the span, and any
+    failure mapped to a rich status. A class rather than a pair of generator-based context
+    managers: those cost ~4 µs a call, on every hop."""
+
+    __slots__ = ("_context", "_counted", "_request", "_rpc", "_scope", "_span", "_token")
+
+    def __init__(self, rpc: _Rpc, request: Any, context: grpc.aio.ServicerContext) -> None:
+        self._rpc = rpc
+        self._request = request
+        self._context = context
+        self._token: Any = None
+        self._scope: Any = None
+        self._span: trace.Span = trace.INVALID_SPAN
+        self._counted = False
+
+    async def __aenter__(self) -> None:
+        rpc, context = self._rpc, self._context
+        if rpc.traced:
+            md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+            self._token = otel_context.attach(extract_context(md, trust_baggage=rpc.trust_baggage))
+            self._scope = tracer().start_as_current_span(
+                rpc.span_name,
+                kind=SpanKind.SERVER,
+                attributes=rpc.attrs,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+            self._span = self._scope.__enter__()
+        else:
+            self._token = otel_context.attach(_UNTRACED_CONTEXT)
+            self._span = trace.INVALID_SPAN
+        try:
+            if rpc.counting:
+                rpc.wrapper._enter()
+                self._counted = True
+            if rpc.auth is not None:
+                rpc.auth.check(rpc.name, self._request, context)
+            if isinstance(self._request, _Undecodable):
+                raise self._request.error()
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        try:
+            if isinstance(exc, asyncio.CancelledError):
+                _mark_cancelled(self._span, self._context)
+            elif isinstance(exc, Exception):
+                await _abort(self._context, self._span, exc, self._rpc.method)  # raises
+            return False
+        finally:
+            if self._counted:
+                self._counted = False
+                self._rpc.wrapper._exit()
+            scope, self._scope = self._scope, None
+            if scope is not None:
+                scope.__exit__(None, None, None)
+            token, self._token = self._token, None
+            if token is not None:
+                otel_context.detach(token)
 
 
 @dataclass(frozen=True)
