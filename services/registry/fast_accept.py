@@ -17,7 +17,9 @@ libraries cannot disagree on it:
 - formats are annotations in both (no format assertion), references are never fetched
   (`offline`), and a schema the compiled validator refuses (an unknown meta-schema, a reference
   it cannot resolve) has no first pass;
-- an instance it cannot take (an integer beyond 64 bits, say) falls back to `jsonschema`.
+- an instance it cannot take (an integer beyond 64 bits, say) falls back to `jsonschema`;
+- a panic in the compiled code (which reaches Python as a PanicException, a BaseException, not
+  an Exception) means the same: `jsonschema` decides, and the call is not failed.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def fast_acceptor(schema: Mapping[str, Any]) -> Acceptor | None:
         return None
     try:
         validator = jsonschema_rs.validator_for(dict(schema), validate_formats=False, offline=True)
-    except Exception as exc:  # noqa: BLE001 - any refusal means: jsonschema alone
+    except BaseException as exc:  # any refusal, even a panic, means: jsonschema alone
+        if not _recoverable(exc):
+            raise
         logger.debug("no compiled first pass for a schema: %s", exc)
         return None
     is_valid = validator.is_valid
@@ -73,7 +77,14 @@ def fast_acceptor(schema: Mapping[str, Any]) -> Acceptor | None:
     def accept(instance: Any) -> bool:
         try:
             return bool(is_valid(instance))
-        except Exception:  # noqa: BLE001 - an instance it cannot convert: jsonschema decides
+        except BaseException as exc:  # an instance it cannot take: jsonschema decides
+            if not _recoverable(exc):
+                raise
             return False
 
     return accept
+
+
+def _recoverable(exc: BaseException) -> bool:
+    """An Exception, or a panic of the compiled code; not KeyboardInterrupt, SystemExit..."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"

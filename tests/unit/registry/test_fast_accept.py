@@ -209,3 +209,34 @@ def test_hostile_depth_neither_crashes_nor_recurses_without_bound() -> None:
     for _ in range(100_000):
         deep = [deep]
     assert accept({"x": deep}) is True
+
+
+class PanicException(BaseException):  # the name pyo3 gives a Rust panic
+    """What a panic in compiled code raises in Python: a BaseException."""
+
+
+def test_a_panic_in_the_compiled_validator_leaves_the_decision_to_jsonschema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import jsonschema_rs
+
+    class Panicking:
+        def is_valid(self, instance: Any) -> bool:
+            raise PanicException("index out of bounds")
+
+    monkeypatch.setattr(jsonschema_rs, "validator_for", lambda *a, **k: Panicking())
+    accept = fast_acceptor({"type": "object"})
+    assert accept is not None and accept({"a": 1}) is False
+
+    def panic(*args: Any, **kwargs: Any) -> Any:
+        raise PanicException("at build")
+
+    monkeypatch.setattr(jsonschema_rs, "validator_for", panic)
+    assert fast_acceptor({"type": "object"}) is None
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jsonschema_rs, "validator_for", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fast_acceptor({"type": "object"})
