@@ -308,54 +308,74 @@ def _export_from_pb(e: pb.Export) -> dict[str, Any]:
 
 
 def effects_to_pb(fx: Effects) -> pb.Effects:
-    return pb.Effects(
-        cards=[to_struct(c) for c in fx.cards],
-        datasets=[dataset_to_pb(n, d) for n, d in fx.datasets.items()],
-        exports=[export_to_pb(n, e) for n, e in fx.exports.items()],
-        cost_usd=fx.cost,
-    )
+    msg = pb.Effects()
+    _effects_into(msg, fx, include_datasets=True)
+    return msg
+
+
+def _effects_into(msg: pb.Effects, fx: Effects, *, include_datasets: bool) -> None:
+    if fx.cards:
+        msg.cards.extend(to_struct(c) for c in fx.cards)
+    if include_datasets and fx.datasets:
+        msg.datasets.extend(dataset_to_pb(n, d) for n, d in fx.datasets.items())
+    if fx.exports:
+        msg.exports.extend(export_to_pb(n, e) for n, e in fx.exports.items())
+    msg.cost_usd = fx.cost
+    msg.SetInParent()  # present even when empty, as when it was built whole
+
+
+# Data of the common kind (str keys, JSON scalars, lists, finite numbers) encodes directly;
+# anything else (a non-finite float, a set, a type JSON lacks) fails here and goes through
+# _jsonable, which also gives it a readable form.
+_STRICT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def data_json(data: Any) -> str:
+    """An envelope's data as compact JSON (non-finite floats and unknown types as strings)."""
+    try:
+        return _STRICT.encode(data)
+    except (TypeError, ValueError):
+        return dumps(_jsonable(data))
 
 
 def envelope_to_pb(env: Envelope, *, include_datasets: bool = True) -> pb.Envelope:
+    msg = pb.Envelope()
+    envelope_into(msg, env, include_datasets=include_datasets)
+    return msg
+
+
+def envelope_into(msg: pb.Envelope, env: Envelope, *, include_datasets: bool = True) -> None:
+    """Fill an empty Envelope message in place (no copies of nested messages)."""
     if isinstance(env, Ok):
-        data_json = ""
-        table = None
+        ok = msg.ok
+        ok.rows = env.rows
+        if env.schema:
+            ok.schema.extend(column_to_pb(c) for c in env.schema)
         if isinstance(env.data, pd.DataFrame):
-            table = dataset_to_pb("", env.data)
+            ok.table.CopyFrom(dataset_to_pb("", env.data))
         elif env.data is not None:
-            data_json = dumps(_jsonable(env.data))
-        fx = (
-            env.effects
-            if include_datasets
-            else Effects(
-                cards=env.effects.cards, exports=env.effects.exports, cost=env.effects.cost
+            ok.data_json = data_json(env.data)
+        if env.warnings:
+            ok.warnings.extend(
+                pb.Warning(kind=w.kind, message=w.message, details=to_struct(w.details))
+                for w in env.warnings
             )
-        )
-        return pb.Envelope(
-            ok=pb.Ok(
-                rows=env.rows,
-                schema=[column_to_pb(c) for c in env.schema],
-                data_json=data_json,
-                warnings=[
-                    pb.Warning(kind=w.kind, message=w.message, details=to_struct(w.details))
-                    for w in env.warnings
-                ],
-                effects=effects_to_pb(fx),
-                table=table,
-            )
-        )
+        _effects_into(ok.effects, env.effects, include_datasets=include_datasets)
+        return
     if isinstance(env, Hint):
-        return pb.Envelope(
-            hint=pb.Hint(
-                hint_kind=HINT_KIND_VALUES[env.hint_kind],
-                message=env.message,
-                alternatives=[
-                    pb.Alternative(label=a.label, score=a.score, details=to_struct(a.details))
-                    for a in env.alternatives
-                ],
-            )
+        hint = msg.hint
+        hint.hint_kind = HINT_KIND_VALUES[env.hint_kind]
+        hint.message = env.message
+        hint.alternatives.extend(
+            pb.Alternative(label=a.label, score=a.score, details=to_struct(a.details))
+            for a in env.alternatives
         )
-    return pb.Envelope(err=pb.Err(message=env.message, err_kind=env.err_kind))
+        hint.SetInParent()
+        return
+    err = msg.err
+    err.message = env.message
+    err.err_kind = env.err_kind
+    err.SetInParent()
 
 
 def envelope_from_pb(m: pb.Envelope) -> Envelope:
@@ -401,15 +421,23 @@ def envelope_from_pb(m: pb.Envelope) -> Envelope:
 
 
 def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
-    """Serialise a handler's result. Content is the rendered envelope; datasets go as Arrow IPC
-    once (in the result, not again inside the envelope's effects).
+    """Serialise a handler's result (see tool_result_into)."""
+    msg = pb.ToolResult()
+    tool_result_into(msg, result)
+    return msg
+
+
+def tool_result_into(msg: pb.ToolResult, result: ToolResult) -> None:
+    """Serialise a handler's result into an empty ToolResult message, in place (a response
+    built around it copies nothing). Content is the rendered envelope; datasets go as Arrow
+    IPC once (in the result, not again inside the envelope's effects).
 
     A result holding text that is not Unicode (an unpaired UTF-16 surrogate, which a sandboxed
     tool or an MCP server can send as a JSON escape) cannot go into a protobuf string: it
     becomes an Err result naming that, rather than failing the RPC; so does a result over
     MAX_RESULT_BYTES (`result_too_large`), which no service could send on."""
     try:
-        msg = _tool_result_to_pb(result)
+        _tool_result_into(msg, result)
     except UnicodeEncodeError as exc:
         bad = exc.object[exc.start : exc.end] if isinstance(exc.object, str) else ""
         message = (
@@ -417,7 +445,9 @@ def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
             f"(an unpaired UTF-16 surrogate, {bad!a}); the tool must return valid text"
         )
         logger.warning("%s", message)
-        return error_result_pb(message, "malformed_result")
+        msg.Clear()
+        msg.CopyFrom(error_result_pb(message, "malformed_result"))
+        return
     size = msg.ByteSize()
     if size > MAX_RESULT_BYTES:
         text = (
@@ -426,22 +456,22 @@ def tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
             "write it to an export"
         )
         logger.warning("%s", text)
-        return error_result_pb(text, "result_too_large")
-    return msg
+        msg.Clear()
+        msg.CopyFrom(error_result_pb(text, "result_too_large"))
 
 
-def _tool_result_to_pb(result: ToolResult) -> pb.ToolResult:
+def _tool_result_into(msg: pb.ToolResult, result: ToolResult) -> None:
     envelope = to_envelope(result)
-    content = result.content if result.envelope is not None else render_envelope(envelope)
-    return pb.ToolResult(
-        content=content,
-        cards=[to_struct(c) for c in result.cards],
-        cost_usd=result.cost,
-        datasets=[dataset_to_pb(n, d) for n, d in result.datasets.items()],
-        exports=[export_to_pb(n, e) for n, e in result.exports.items()],
-        error=result.error or "",
-        envelope=envelope_to_pb(envelope, include_datasets=False),
-    )
+    msg.content = result.content if result.envelope is not None else render_envelope(envelope)
+    if result.cards:
+        msg.cards.extend(to_struct(c) for c in result.cards)
+    msg.cost_usd = result.cost
+    if result.datasets:
+        msg.datasets.extend(dataset_to_pb(n, d) for n, d in result.datasets.items())
+    if result.exports:
+        msg.exports.extend(export_to_pb(n, e) for n, e in result.exports.items())
+    msg.error = result.error or ""
+    envelope_into(msg.envelope, envelope, include_datasets=False)
 
 
 def tool_result_from_pb(m: pb.ToolResult) -> ToolResult:

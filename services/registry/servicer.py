@@ -248,11 +248,12 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         convert.check_ids(convert.context_ids(request.context))
         ctx = context_from_pb(request.context, request.name)
         execution = await self._core.execute(request.name, inputs, ctx)
-        return rpb.ExecuteToolResponse(
-            result=convert.tool_result_to_pb(execution.result),
+        response = rpb.ExecuteToolResponse(
             tool_type=convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0),
             execution_ms=execution.execution_ms,
         )
+        convert.tool_result_into(response.result, execution.result)
+        return response
 
     async def ExecuteToolStream(
         self, request: rpb.ExecuteToolStreamRequest, context: grpc.aio.ServicerContext
