@@ -38,11 +38,13 @@ MAX_MATCH_CHARS = 100_000  # a constraint looks at most this much of a value
 # --- identity and the loop guard ---------------------------------------------------------------
 
 
+# One encoder for every call (json.dumps with options builds one each time).
+_HASHED = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def args_hash(tool_name: str, tool_input: Any) -> str:
     """Stable 16-hex SHA-256 prefix of the tool name and its arguments with sorted keys."""
-    payload = json.dumps(
-        [tool_name, tool_input], sort_keys=True, separators=(",", ":"), default=str
-    )
+    payload = _HASHED.encode([tool_name, tool_input])
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
