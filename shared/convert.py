@@ -445,7 +445,6 @@ def tool_result_into(msg: pb.ToolResult, result: ToolResult) -> None:
             f"(an unpaired UTF-16 surrogate, {bad!a}); the tool must return valid text"
         )
         logger.warning("%s", message)
-        msg.Clear()
         msg.CopyFrom(error_result_pb(message, "malformed_result"))
         return
     size = msg.ByteSize()
@@ -456,7 +455,6 @@ def tool_result_into(msg: pb.ToolResult, result: ToolResult) -> None:
             "write it to an export"
         )
         logger.warning("%s", text)
-        msg.Clear()
         msg.CopyFrom(error_result_pb(text, "result_too_large"))
 
 
