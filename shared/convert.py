@@ -213,11 +213,30 @@ def dumps(value: Any) -> str:
     return _COMPACT.encode(value)
 
 
+def _json_key(key: Any) -> str:
+    """A mapping key as the json module writes it (True -> "true", None -> "null", 1.5 ->
+    "1.5"), so a result reads the same whether or not it also held a value only the lenient
+    path can write; any other key as its str()."""
+    if isinstance(key, str):
+        return key
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float):
+        return float.__repr__(key) if math.isfinite(key) else str(key)
+    return str(key)
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {_json_key(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, str | int | float | bool) or value is None:

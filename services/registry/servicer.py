@@ -299,13 +299,11 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             while not reports.empty():
                 yield reports.get_nowait()
             execution = task.result()
-            yield rpb.ExecuteToolStreamResponse(
-                result=rpb.ExecuteToolResponse(
-                    result=convert.tool_result_to_pb(execution.result),
-                    tool_type=convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0),
-                    execution_ms=execution.execution_ms,
-                )
-            )
+            final = rpb.ExecuteToolStreamResponse()
+            final.result.tool_type = convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0)
+            final.result.execution_ms = execution.execution_ms
+            convert.tool_result_into(final.result.result, execution.result)
+            yield final
         finally:
             if not task.done():
                 task.cancel()

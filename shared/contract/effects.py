@@ -313,13 +313,12 @@ def effect_from_json(value: Mapping[str, Any]) -> Effect:
     raise ValueError(f"unknown effect kind {kind!r}")
 
 
+# One encoder for every call (json.dumps with options builds one per call).
+_EFFECTS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def effects_to_json(effects: Iterable[Effect]) -> str:
-    return json.dumps(
-        [effect_to_json(e) for e in effects],
-        ensure_ascii=False,
-        separators=(",", ":"),
-        default=str,
-    )
+    return _EFFECTS_JSON.encode([effect_to_json(e) for e in effects])
 
 
 def effects_from_json(text: str) -> list[Effect]:

@@ -16,6 +16,9 @@ import numpy as np
 import pandas as pd
 from wcwidth import wcswidth, wcwidth
 
+# One encoder for every nested cell (json.dumps with options builds one per call).
+_CELL_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
 CELL_WIDTH = 40  # display columns of one cell before it is cut
 COLUMN_GAP = "  "
 NULL = "null"
@@ -106,7 +109,7 @@ def format_value(value: Any, *, dates_only: bool = False) -> str:
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, list | tuple | dict):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+        return _CELL_JSON.encode(value)
     return str(value)
 
 

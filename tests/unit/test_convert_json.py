@@ -3,6 +3,7 @@ that no other service, database or client could take back is INVALID_ARGUMENT na
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -133,3 +134,14 @@ def test_a_result_no_service_could_send_on_becomes_an_err_naming_its_size() -> N
     assert message.ByteSize() < 10_000
     fits = tool_result_to_pb(envelope_to_tool_result(Ok(data="z" * (1024 * 1024))))
     assert fits.envelope.WhichOneof("kind") == "ok"
+
+
+def test_mapping_keys_read_the_same_on_the_strict_and_the_lenient_path() -> None:
+    from shared.convert import data_json
+
+    keys = {True: 1, False: 2, None: 3, 7: 4, 1.5: 5}
+    strict = json.loads(data_json(keys))
+    lenient = json.loads(data_json({**keys, "nan": float("nan"), "obj": object()}))
+    assert strict == {"true": 1, "false": 2, "null": 3, "7": 4, "1.5": 5}
+    assert {k: v for k, v in lenient.items() if k in strict} == strict
+    assert lenient["nan"] == "nan"
