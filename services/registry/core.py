@@ -17,8 +17,10 @@ import difflib
 import functools
 import importlib
 import inspect
+import itertools
 import json
 import logging
+import reprlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +75,12 @@ REASONING_FIELD: dict[str, Any] = {
 }
 NO_REASONING_TOOLS = frozenset({"plan"})
 MAX_VALIDATION_ERRORS = 3
+# Violations collected before the hint is written (the first ones, sorted by path).
+MAX_COLLECTED_ERRORS = 100
+# An input with more JSON nodes than this (or a string longer than LARGE_INPUT_CHARS) is
+# validated in a thread when the compiled acceptor does not settle it.
+LARGE_INPUT_NODES = 2000
+LARGE_INPUT_CHARS = 65536
 # gen_ai.tool.type values of the GenAI semantic conventions.
 _GENAI_TOOL_TYPE = {"system": "function", "custom": "function", "mcp": "extension"}
 # Tool arguments and results go on spans only when opted in, and then clipped.
@@ -124,6 +132,8 @@ class Execution:
 MAX_MATCHED_CHARS = 128
 MAX_CACHED_TOOLS = 4096
 MAX_LISTED_FIELDS = 10
+MAX_LISTED_OPTIONS = 20  # enum options named in a hint
+MAX_SCORED_OPTIONS = 1000  # enum options compared with the value for alternatives
 MAX_MESSAGE_CHARS = 300
 
 
@@ -231,7 +241,7 @@ class Registry:
         self._cache: dict[str, tuple[float, ToolDef | None]] = {}
         # Per (tool, version): jsonschema's validator, and the compiled first pass that
         # accepts valid input without it (services.registry.fast_accept), when there is one.
-        self._validators: dict[
+        self._validators_cache: dict[
             tuple[str, int], tuple[jsonschema.protocols.Validator, Acceptor | None]
         ] = {}
         self._cache_ttl_s = cache_ttl_s
@@ -468,7 +478,7 @@ class Registry:
         refusal = self._refusal(tool, context)
         if refusal is not None:
             return self._answer(tool, refusal)
-        hint = self._validate(tool, inputs)
+        hint = await self._validate_off_loop(tool, inputs)
         if hint is not None:
             return self._answer(tool, hint)
         if tool.tool_type == "system":
@@ -504,9 +514,11 @@ class Registry:
             )
         return None
 
-    def _validate(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
+    def _validators(self, tool: ToolDef) -> tuple[Any, Acceptor | None] | Hint:
+        """The tool's validator and compiled acceptor (made once per tool version), or a
+        `schema` Hint when its input schema is itself invalid."""
         key = (tool.name, tool.version)
-        cached = self._validators.get(key)
+        cached = self._validators_cache.get(key)
         if cached is None:
             cls = jsonschema.validators.validator_for(
                 tool.input_schema, jsonschema.Draft202012Validator
@@ -519,12 +531,39 @@ class Registry:
                     "schema", f"tool {tool.name!r} has an invalid input schema: {exc.message}"
                 )
             cached = (cls(tool.input_schema), fast_acceptor(tool.input_schema))
-            self._validators[key] = cached
-        validator, accept = cached
+            self._validators_cache[key] = cached
+        return cached
+
+    def _validate(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
+        """None when `inputs` satisfy the tool's input schema, else a `schema` Hint."""
+        found = self._validators(tool)
+        if isinstance(found, Hint):
+            return found
+        validator, accept = found
         if accept is not None and accept(inputs):
             return None
+        return self._violations(tool, validator, inputs)
+
+    async def _validate_off_loop(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
+        """`_validate`, with the Python validator run in a thread for a large input: walking
+        megabytes of JSON in Python takes seconds, which on the event loop would stall every
+        other call of the registry."""
+        found = self._validators(tool)
+        if isinstance(found, Hint):
+            return found
+        validator, accept = found
+        if accept is not None and accept(inputs):
+            return None
+        if is_large(inputs):
+            return await asyncio.to_thread(self._violations, tool, validator, inputs)
+        return self._violations(tool, validator, inputs)
+
+    def _violations(self, tool: ToolDef, validator: Any, inputs: dict[str, Any]) -> Hint | None:
+        """The first violations of `inputs`, as a `schema` Hint (None if there are none).
+        At most MAX_COLLECTED_ERRORS are collected: an input can break a schema a million
+        times (one per item of an array), and each error jsonschema makes costs kilobytes."""
         try:
-            found = list(validator.iter_errors(inputs))
+            found = list(itertools.islice(validator.iter_errors(inputs), MAX_COLLECTED_ERRORS + 1))
         except referencing.exceptions.Unresolvable as exc:  # an MCP server's dangling $ref
             logger.error("tool %s has an unresolvable $ref in its input_schema: %s", tool.name, exc)
             return Hint(
@@ -532,9 +571,10 @@ class Registry:
                 f"tool {tool.name!r} has an invalid input schema: its reference "
                 f"{convert.clip(str(exc.ref), 100)!r} cannot be resolved",
             )
-        errors = sorted(found, key=lambda e: (len(e.path), str(e.path)))
-        if not errors:
+        if not found:
             return None
+        capped = len(found) > MAX_COLLECTED_ERRORS
+        errors = sorted(found[:MAX_COLLECTED_ERRORS], key=lambda e: (len(e.path), str(e.path)))
         props = list((tool.input_schema.get("properties") or {}).keys())
         messages: list[str] = []
         alternatives: list[Alternative] = []
@@ -543,7 +583,10 @@ class Registry:
             messages.append(message)
             alternatives.extend(alts)
         more = len(errors) - MAX_VALIDATION_ERRORS
-        text = "; ".join(messages) + (f"; and {more} more" if more > 0 else "")
+        if capped:
+            text = "; ".join(messages) + f"; and at least {more + 1} more"
+        else:
+            text = "; ".join(messages) + (f"; and {more} more" if more > 0 else "")
         return Hint("schema", f"invalid input for {tool.name}: {text}", alternatives)
 
     async def _run_system(
@@ -632,14 +675,45 @@ def describe_violation(
             [],
         )
     if error.validator == "enum":
-        options = [str(v) for v in cast(list[Any], error.validator_value)]
+        # Clipped on both sides: SequenceMatcher is quadratic, and the value comes from the
+        # caller (a megabyte string took seconds), the options from any MCP server.
+        values = cast(list[Any], error.validator_value)
+        options = [str(v) for v in values[:MAX_SCORED_OPTIONS]]
+        given = convert.clip(_short(error.instance, MAX_MATCHED_CHARS), MAX_MATCHED_CHARS)
         alternatives = [
-            Alternative(o, round(difflib.SequenceMatcher(None, str(error.instance), o).ratio(), 2))
+            Alternative(o, round(_similarity(given, convert.clip(o, MAX_MATCHED_CHARS)), 2))
             for o in options
         ]
         alternatives.sort(key=lambda a: -a.score)
-        return f"field {field}: {_short(error.instance)} is not one of {options}", alternatives[:3]
+        listed = convert.clip(str(options[:MAX_LISTED_OPTIONS]), MAX_MESSAGE_CHARS)
+        if len(values) > MAX_LISTED_OPTIONS:
+            listed += f" (and {len(values) - MAX_LISTED_OPTIONS} more)"
+        return f"field {field}: {_short(error.instance)} is not one of {listed}", alternatives[:3]
     return f"field {field}: {convert.clip(error.message, MAX_MESSAGE_CHARS)}", []
+
+
+def is_large(value: Any, max_nodes: int = LARGE_INPUT_NODES) -> bool:
+    """Whether a decoded JSON value has more than `max_nodes` nodes or a string longer than
+    LARGE_INPUT_CHARS; the walk stops at the bound, so it is cheap whatever the value."""
+    stack = [value]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > max_nodes:
+            return True
+        if isinstance(item, dict):
+            stack.extend(itertools.islice(item.values(), max_nodes - seen + 1))
+            seen += min(len(item), max_nodes)  # the keys
+        elif isinstance(item, list):
+            stack.extend(itertools.islice(item, max_nodes - seen + 1))
+        elif isinstance(item, str) and len(item) > LARGE_INPUT_CHARS:
+            return True
+    return False
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def _json_type(value: Any) -> str:
@@ -658,8 +732,15 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 30
+
+
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A short repr of a caller's value (bounded work: a megabyte value is not repr'd whole)."""
+    text = _REPR.repr(value) if isinstance(value, str | list | dict | int) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
