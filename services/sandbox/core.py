@@ -4,9 +4,9 @@ ToolResult; and the manual lifecycle of custom tools. Imports no grpc."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import jsonschema
 import pandas as pd
-import pyarrow as pa
 
 from services.sandbox import precheck
 from services.sandbox.admission import Origin
@@ -38,6 +37,8 @@ NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # How deep a card of a custom tool's response may nest: a google.protobuf.Struct costs two
 # message levels a JSON level, and a card nested past ~33 no service can parse back.
 MAX_CARD_DEPTH = 32
+# The most one call of a custom tool may say it cost (USD): beyond it, the figure is a bug.
+MAX_COST_USD = 1_000_000
 
 # call_tool(name, inputs) -> ToolResult, raising ToolmeshError for RPC-level failures.
 NestedCaller = Callable[[str, dict[str, Any]], Awaitable[ToolResult]]
@@ -165,7 +166,12 @@ class Sandbox:
             span.set_attribute("toolmesh.sandbox.tool_calls", outcome.tool_calls)
             if not outcome.ok:
                 span.set_attribute("error.type", outcome.error_kind)
-        result = outcome_to_result(tool_name, outcome)
+        if outcome.table_ipc is not None:
+            # Decoding a table costs time in proportion to its cells, some types far more than
+            # others: in a thread, so other calls do not wait on this one.
+            result = await asyncio.to_thread(outcome_to_result, tool_name, outcome)
+        else:
+            result = outcome_to_result(tool_name, outcome)
         result.cost += nested_cost[0]
         return Execution(result, outcome.execution_ms, outcome.tool_calls)
 
@@ -211,11 +217,16 @@ def outcome_to_result(tool_name: str, outcome: RunOutcome) -> ToolResult:
         )
 
     if outcome.form == "table" and outcome.table_ipc is not None:
+        # Any failure here is the table's (forged pandas metadata raised TypeError and
+        # KeyError in to_pandas, duplicate column names AttributeError in measure_schema).
         try:
             df = ipc_to_dataframe(outcome.table_ipc)
-        except (pa.ArrowException, ValueError) as exc:
-            return bad(f"its table is not an Arrow IPC stream ({str(exc)[:200]})")
-        envelope = Ok(rows=len(df), schema=measure_schema(df), data=df)
+        except Exception as exc:  # noqa: BLE001 - see above
+            return bad(f"its table is not an Arrow IPC stream ({_said(exc)})")
+        try:
+            envelope = Ok(rows=len(df), schema=measure_schema(df), data=df)
+        except Exception as exc:  # noqa: BLE001 - see above
+            return bad(f"its table cannot be described ({_said(exc)})")
         return ToolResult(content=outcome.content, envelope=envelope)
     if outcome.form == "response" and outcome.response is not None:
         problem = response_problem(outcome.response)
@@ -223,8 +234,8 @@ def outcome_to_result(tool_name: str, outcome: RunOutcome) -> ToolResult:
             return bad(problem)
         try:
             return ToolResult.from_any(outcome.response)
-        except (TypeError, ValueError) as exc:
-            return bad(str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever the dict holds is the tool's doing
+            return bad(_said(exc))
     return ToolResult(content=outcome.content, envelope=Ok(data=None))
 
 
@@ -250,11 +261,19 @@ def response_problem(response: dict[str, Any]) -> str | None:
     if cost is not None and (
         isinstance(cost, bool)
         or not isinstance(cost, int | float)
-        or not math.isfinite(cost)
-        or cost < 0
+        or not 0 <= cost <= MAX_COST_USD  # an int of 400 digits overflowed math.isfinite
     ):
-        return "result['cost'] must be a finite number of USD, 0 or more"
+        return f"result['cost'] must be a number of USD from 0 to {MAX_COST_USD:g}"
     return None
+
+
+def _said(exc: BaseException) -> str:
+    """`Type: message` of an exception, clipped (its text may come from the tool's data)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a message that cannot be rendered says nothing
+        text = ""
+    return f"{type(exc).__name__}: {text}"[:200]
 
 
 def _depth(value: Any) -> int:

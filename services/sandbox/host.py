@@ -54,6 +54,8 @@ FRAME_OVERHEAD = 64 * 1024
 # The cgroup memory limit is the execution's memory limit plus this (pages shared with the
 # zygote stay charged to it; what a worker writes is charged to the worker).
 CGROUP_MEMORY_SLACK = 64 * 1024 * 1024
+# call_tool frames answered with a refusal past max_tool_calls before the worker is killed.
+CALL_LIMIT_GRACE = 8
 # The private /tmp (one tmpfs all of a zygote's workers share) holds at most this by default:
 # the default memory limit of one execution. bwrap caps a tmpfs with `--size` from 0.8 on.
 DEFAULT_TMP_BYTES = 512 * 1024 * 1024
@@ -486,6 +488,20 @@ class WorkerPool:
                     self._cgroups.attach(wid, pid)
             if not future.done():
                 future.set_result(worker)
+        elif event == "spawn_failed":
+            failed = self._workers.pop(int(msg["id"]), None)
+            if failed is not None:
+                failed.close()
+            future = self._pending.pop(int(msg["id"]), None)
+            for fd in fds:
+                os.close(fd)
+            if future is not None and not future.done():
+                future.set_exception(
+                    Unavailable(
+                        f"the sandbox could not start a worker: {msg.get('error', '')}",
+                        reason="SANDBOX_SPAWN_FAILED",
+                    )
+                )
         elif event == "exited":
             worker = self._workers.pop(int(msg["id"]), None)
             if self._cgroups is not None:
@@ -723,6 +739,20 @@ class WorkerPool:
                 mtype = msg.get("type")
                 if mtype == "call_tool":
                     calls += 1
+                    if calls > limits.max_tool_calls + CALL_LIMIT_GRACE:
+                        # Refused calls still cost the host a frame to read and decode each:
+                        # code that keeps calling past its refusal is stopped.
+                        worker.kill()
+                        return RunOutcome(
+                            ok=False,
+                            killed=True,
+                            error_kind="tool_call_limit",
+                            message=(
+                                f"kept calling tools after its limit of {limits.max_tool_calls} "
+                                "calls was reached; the worker was killed"
+                            ),
+                            tool_calls=calls,
+                        )
                     reply, table = await self._serve_call(
                         msg, calls, limits, on_call_tool, deadline
                     )

@@ -11,9 +11,11 @@ unauthenticated: keep the sandbox on the mesh's private network."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import grpc
+import pandas as pd
 
 from services.sandbox.admission import Origin
 from services.sandbox.core import NAME_RE, Sandbox, validate_definition
@@ -22,13 +24,15 @@ from shared import convert
 from shared.arrow_ipc import ipc_to_dataframe
 from shared.auth import ApiKeys
 from shared.clients import open_channel, traced_call
-from shared.contract import ToolResult
+from shared.contract import Err, Ok, ToolResult, envelope_to_tool_result
 from shared.errors import InvalidArgument
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.sandbox.v1 import sandbox_pb2 as spb
 from toolmesh.sandbox.v1 import sandbox_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
 JOB_STATUS_VALUES = {
@@ -44,6 +48,32 @@ JOB_TYPE_VALUES = {
     "audit": spb.JOB_TYPE_AUDIT,
     "rebuild": spb.JOB_TYPE_REBUILD,
 }
+
+
+async def result_to_pb(tool_name: str, result: ToolResult) -> pb.ToolResult:
+    """A custom tool's result on the wire: a table is encoded in a thread (its cost grows with
+    its cells), and a result that cannot be encoded at all (a card holding an int of 400
+    digits) is an Err `bad_result`, not a failed RPC."""
+    try:
+        if _has_table(result):
+            return await asyncio.to_thread(convert.tool_result_to_pb, result)
+        return convert.tool_result_to_pb(result)
+    except Exception as exc:  # noqa: BLE001 - everything in the result came from the tool
+        logger.info("custom tool %s returned a result that cannot be sent: %s", tool_name, exc)
+        return convert.tool_result_to_pb(
+            envelope_to_tool_result(
+                Err(
+                    f"custom tool {tool_name!r} returned a bad result: it cannot be sent "
+                    f"({type(exc).__name__}: {str(exc)[:200]})",
+                    "bad_result",
+                )
+            )
+        )
+
+
+def _has_table(result: ToolResult) -> bool:
+    env = result.envelope
+    return bool(result.datasets) or (isinstance(env, Ok) and isinstance(env.data, pd.DataFrame))
 
 
 class RegistryChannel:
@@ -179,9 +209,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         if request.HasField("df") and request.df.arrow_ipc:
             try:
                 df = await asyncio.to_thread(ipc_to_dataframe, request.df.arrow_ipc)
-            except (ValueError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure is the bytes' (metadata too)
                 raise InvalidArgument(
-                    f"df is not an Arrow IPC stream: {exc}",
+                    f"df is not an Arrow IPC stream: {str(exc)[:200]}",
                     field_violations=[("df.arrow_ipc", "not Arrow IPC")],
                 ) from None
         lim = request.limits
@@ -219,11 +249,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         finally:
             if caller is not None:
                 await caller.close()
-        return spb.ExecuteResponse(
-            result=convert.tool_result_to_pb(execution.result),
-            execution_ms=execution.execution_ms,
-            tool_calls=execution.tool_calls,
+        response = spb.ExecuteResponse(
+            execution_ms=execution.execution_ms, tool_calls=execution.tool_calls
         )
+        response.result.CopyFrom(await result_to_pb(request.tool_name, execution.result))
+        return response
 
     async def RegisterCustomTool(
         self, request: spb.RegisterCustomToolRequest, context: grpc.aio.ServicerContext

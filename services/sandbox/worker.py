@@ -198,8 +198,16 @@ def zygote_main(config: dict[str, Any]) -> None:
                 continue
             wid = int(msg["id"])
             workdir = os.path.join(WORKDIR_ROOT, f"w{wid}")
-            os.mkdir(workdir, 0o700)
-            pid = os.fork()
+            try:
+                pid = _fork_worker(workdir)
+            except OSError as exc:  # no room for its directory, or no process left: say so
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    _send_control(sock, {"event": "spawn_failed", "id": wid, "error": str(exc)})
+                except OSError:
+                    break
+                continue
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -226,9 +234,96 @@ def zygote_main(config: dict[str, Any]) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _reap(sock: socket.socket, children: dict[int, tuple[int, str]]) -> None:
+def _fork_worker(workdir: str) -> int:
+    """Make the worker's directory (anything already there removed first: nothing a worker
+    left may reach the next) and fork; OSError when either fails."""
+    try:
+        os.mkdir(workdir, 0o700)
+    except FileExistsError:
+        remove_tree(workdir)
+        os.mkdir(workdir, 0o700)
+    try:
+        return os.fork()
+    except OSError:
+        remove_tree(workdir)
+        raise
+
+
+def remove_tree(path: str) -> bool:
+    """Remove the directory `path` and everything beneath it, whatever a worker made of it: a
+    tree thousands of levels deep (shutil.rmtree recurses, and such paths exceed PATH_MAX),
+    directories it made read-only. Works on descriptors, one level at a time: a directory
+    that cannot be removed yet has its entries moved up beside it, so no path grows long and
+    no recursion grows deep. Never raises; True when `path` is gone."""
     import shutil
 
+    try:
+        shutil.rmtree(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except (OSError, RecursionError):
+        pass
+    try:
+        os.chmod(path, 0o700)
+        root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    hoisted = 0
+    try:
+        progress = True
+        while progress:
+            progress = False
+            try:
+                with os.scandir(root) as it:
+                    entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            except OSError:
+                break
+            for name, is_dir in entries:
+                if not is_dir:
+                    try:
+                        os.unlink(name, dir_fd=root)
+                        progress = True
+                    except OSError:
+                        pass
+                    continue
+                try:
+                    os.chmod(name, 0o700, dir_fd=root)
+                    os.rmdir(name, dir_fd=root)
+                    progress = True
+                    continue
+                except OSError:
+                    pass  # not empty: its entries move up beside it
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
+                except OSError:
+                    continue
+                try:
+                    with os.scandir(sub) as it:
+                        children = [e.name for e in it]
+                    for child in children:
+                        hoisted += 1
+                        try:
+                            os.rename(child, f".rm{hoisted}", src_dir_fd=sub, dst_dir_fd=root)
+                            progress = True
+                        except OSError:
+                            pass
+                except OSError:
+                    pass
+                finally:
+                    os.close(sub)
+    finally:
+        os.close(root)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _reap(sock: socket.socket, children: dict[int, tuple[int, str]]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -238,7 +333,7 @@ def _reap(sock: socket.socket, children: dict[int, tuple[int, str]]) -> None:
             return
         wid, workdir = children.pop(pid, (-1, ""))
         if workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+            remove_tree(workdir)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
         _send_control(sock, {"event": "exited", "id": wid, "code": code, "signal": sig})
@@ -345,6 +440,13 @@ def _install_seccomp(sc: Any) -> None:
         "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl",
         "shmget", "shmat", "shmdt", "shmctl", "mq_open", "mq_unlink", "mq_timedsend",
         "mq_timedreceive", "mq_notify", "mq_getsetattr",
+        # Every worker runs as the same uid, and landlock does not cover a file's mode, owner,
+        # times or extended attributes: a worker could make another's directory read-only
+        # (that tenant's next execution cannot write a file), or leave a read-only tree the
+        # clean-up cannot empty. A file's mode is set when it is made (open, mkdir).
+        "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+        "utime", "utimes", "utimensat", "futimesat",
+        "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     ):  # fmt: skip
         try:
             flt.add_rule(eperm, name)
@@ -508,12 +610,14 @@ def worker_main(
 
 
 def _empty(workdir: str) -> None:
-    import shutil
-
-    for entry in os.listdir(workdir):
+    try:
+        names = os.listdir(workdir)
+    except OSError:
+        return
+    for entry in names:
         path = os.path.join(workdir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         else:
             try:
                 os.unlink(path)

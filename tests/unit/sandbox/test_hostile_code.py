@@ -8,6 +8,7 @@ result or an Err naming the problem, with the pool still serving."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,8 +17,10 @@ import pytest_asyncio
 
 from services.sandbox.cgroups import host_pid
 from services.sandbox.core import Sandbox, outcome_to_result
-from services.sandbox.host import Limits, RunOutcome, WorkerPool
+from services.sandbox.host import CALL_LIMIT_GRACE, Limits, RunOutcome, WorkerPool
+from services.sandbox.servicer import result_to_pb
 from shared import convert
+from shared.contract import ToolResult
 from tests.unit.sandbox.test_hostile import ESCAPE
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -250,6 +253,8 @@ DEEP_CARD = "card = 1\nfor _ in range(40):\n    card = {'k': card}\n"
         DEEP_CARD + "result = {'message': 'm', 'cards': [card]}",
         "result = {'message': 'm', 'cost': float('inf')}",
         "result = {'message': 'm', 'cost': -5}",
+        # math.isfinite raised OverflowError on it: INTERNAL.
+        "result = {'message': 'm', 'cost': 10**400}",
     ],
 )
 async def test_a_response_the_service_cannot_return_is_an_err_naming_it(
@@ -308,6 +313,19 @@ def forged_table(build: str) -> str:
             "options=ipc.IpcWriteOptions(compression='zstd'))",
             "bad_result",
         ),
+        # 100,000 intervals run-end encoded in a few hundred bytes (520,000 within the default
+        # output limit): converting them took the
+        # host seconds on its event loop, with every other call waiting.
+        (
+            "vals = pa.array([pa.MonthDayNano([1, 2, 3])], type=pa.month_day_nano_interval())\n"
+            "ree = pa.RunEndEncodedArray.from_arrays(pa.array([100_000], pa.int32()), vals)\n"
+            "blob = stream(pa.table({'a': ree}))",
+            "bad_result",
+        ),
+        (
+            "blob = stream(pa.table({'a': pa.array(['x'], type=pa.string_view())}))",
+            "bad_result",
+        ),
         # A string whose offsets reach far past its 7-byte buffer: converting it read the host's
         # memory (or segfaulted the service, for offsets that left the mapping).
         (
@@ -324,6 +342,92 @@ async def test_a_forged_table_the_host_must_not_decode_is_an_err(
     out = await run(pool, forged_table(build))
     assert not out.ok and out.error_kind == kind, out
     await alive(pool)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        # pandas metadata naming an index column that is not there: TypeError in to_pandas.
+        "t = pa.table({'a': [1, 2, 3]})\n"
+        "blob = stream(t.replace_schema_metadata({'pandas': "
+        '\'{"index_columns": [7], "columns": [], "column_indexes": []}\'}))',
+        # Two columns of one name: AttributeError measuring the schema.
+        "blob = stream(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=['a', 'a']))",
+    ],
+)
+async def test_a_forged_table_that_decodes_into_nonsense_is_an_err_not_a_failed_rpc(
+    pool: WorkerPool, build: str
+) -> None:
+    out = await run(pool, forged_table(build))
+    assert out.ok and out.table_ipc is not None, out  # well-formed Arrow: the host passes it on
+    result = await asyncio.to_thread(outcome_to_result, "t", out)
+    assert getattr(result.envelope, "err_kind", "") == "bad_result", result
+    await alive(pool)
+
+
+async def test_a_result_that_cannot_be_encoded_is_an_err_bad_result_on_the_wire() -> None:
+    result = ToolResult(content="m", cards=[{"n": 10**400}])
+    wire = await result_to_pb("t", result)
+    assert wire.envelope.err.err_kind == "bad_result"
+    assert "cannot be sent" in wire.envelope.err.message
+
+
+async def test_a_worker_that_keeps_calling_past_its_limit_is_stopped(pool: WorkerPool) -> None:
+    """Each refused call still cost the host a frame to read and decode (up to the output
+    limit): code calling in a loop kept the service's CPU busy for its whole wall time."""
+    limits = Limits(
+        wall_seconds=20,
+        cpu_seconds=5,
+        memory_bytes=256 << 20,
+        output_bytes=256 << 10,
+        max_tool_calls=3,
+    )
+    call = "j({'type': 'call_tool', 'name': 'ping', 'inputs': {'pad': 'x' * 1000}})"
+    code = forge(f"b''.join({call} for _ in range(50))")
+    out = await pool.run(code=code, inputs={}, tool_name="hostile", limits=limits)
+    assert not out.ok and out.error_kind == "tool_call_limit", out
+    assert out.tool_calls == 3 + CALL_LIMIT_GRACE + 1
+    await alive(pool)
+
+
+@pytest.mark.parametrize("end", ["result = 'deep'", "os._exit(0)"])
+async def test_a_tree_thousands_of_levels_deep_is_cleaned_up_and_the_zygote_lives(
+    pool: WorkerPool, end: str
+) -> None:
+    """shutil.rmtree recursed once per level when the zygote reaped the worker: RecursionError,
+    which killed the zygote and every execution in flight, of every tenant. A worker that
+    answers empties its directory itself; one that exits without answering leaves it to the
+    zygote."""
+    zygote = pool._proc.pid if pool._proc is not None else None
+    code = (
+        ESCAPE
+        + "for _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+        + "with open('leaf', 'w') as f:\n    f.write('x')\n"
+        + end
+    )
+    out = await run(pool, code)
+    assert out.ok == (end != "os._exit(0)"), out
+    for _ in range(3):
+        await alive(pool)
+    assert (pool._proc.pid if pool._proc is not None else None) == zygote
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "os.mkdir('ro')\nos.chmod('ro', 0o500)",
+        "os.chmod('.', 0o500)",
+        "os.utime('.', (0, 0))",
+        "open('f', 'w').close()\nos.setxattr('f', 'user.k', b'v')",
+        "os.chown('.', 65534, 65534)",
+    ],
+)
+async def test_modes_times_and_attributes_of_files_cannot_be_changed(
+    pool: WorkerPool, body: str
+) -> None:
+    """Every worker runs as one uid and landlock leaves these alone: a worker made another's
+    directory read-only, or left a read-only tree no clean-up could empty."""
+    await assert_blocked(pool, body)
 
 
 async def test_an_honest_table_of_more_cells_than_output_bytes_is_an_output_limit(
