@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -385,6 +386,16 @@ class Dispatcher:
                 reason="CAPABILITIES_TOO_LARGE",
                 field_violations=[("context.capabilities", "too many or too long")],
             )
+        if context.HasField("budget"):
+            budget = context.budget
+            for name, value in (("limit_usd", budget.limit_usd), ("spent_usd", budget.spent_usd)):
+                if not 0 <= value < math.inf:  # NaN compares false: it disabled the budget
+                    raise InvalidArgument(
+                        f"context.budget.{name} must be a finite number of USD, 0 or more "
+                        f"(got {value!r})",
+                        reason="BUDGET_INVALID",
+                        field_violations=[(f"context.budget.{name}", "not a finite amount >= 0")],
+                    )
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -434,17 +445,27 @@ class Dispatcher:
                     field_violations=[(f"tool_uses[{i}].id", "duplicate")],
                 )
             seen.add(tu.id)
-        parsed: list[dict[str, Any]] = []  # all-or-nothing validation
-        for tu in tool_uses:
+        # A call whose input cannot be taken (not JSON, too large, no name) is logged and
+        # answered with an Err in its own slot; the others run.
+        valid: list[tuple[pb.ToolUse, dict[str, Any]]] = []
+        rejected: dict[int, DispatchOutcome] = {}
+        for i, tu in enumerate(tool_uses):
             try:
-                parsed.append(self.parse_input(tu))
+                valid.append((tu, self.parse_input(tu)))
             except InvalidArgument as error:
-                await self._log_rejected(tu, context, error)
-                raise
+                tool_use_id = await self._log_rejected(tu, context, error)
+                where = f"tool_uses[{i}]" + (f" ({tu.id})" if tu.id else "")
+                message = error.message.replace("tool_use.", f"{where}.", 1)
+                rejected[i] = DispatchOutcome(
+                    result=convert.error_result_pb(message, _kind_of_error(error)),
+                    duration_ms=0.0,
+                    args_hash="",
+                    tool_use_id=tool_use_id,
+                )
         if not tool_uses:
             return []
         approaches: dict[tuple[str, str], FailedApproach] = {}
-        plans = await self._plan(context, list(zip(tool_uses, parsed, strict=True)), approaches)
+        plans = await self._plan(context, valid, approaches) if valid else []
 
         async def one(plan: _Plan) -> DispatchOutcome:
             try:
@@ -457,17 +478,19 @@ class Dispatcher:
                     tool_use_id=plan.tool_use_id,
                 )
 
-        outcomes = list(await asyncio.gather(*(one(p) for p in plans)))
+        ran = iter(await asyncio.gather(*(one(p) for p in plans)))
+        outcomes = [rejected[i] if i in rejected else next(ran) for i in range(len(tool_uses))]
         finalize_turn(outcomes)
         return outcomes
 
     async def _log_rejected(
         self, tool_use: pb.ToolUse, context: pb.CallContext, error: InvalidArgument
-    ) -> None:
+    ) -> str:
         """Log a call refused before anything ran (its input is not acceptable JSON, too large,
-        or it names no tool): a failed tool_execution_log row and its tool_call / tool_result /
-        outcome events, with the raw input (its first REJECTED_INPUT_CHARS characters) as it
-        came. Best effort: if the log cannot take it, the caller still gets the real error."""
+        or it names no tool) and return its tool_use_id: a failed tool_execution_log row and
+        its tool_call / tool_result / outcome events, with the raw input (its first
+        REJECTED_INPUT_CHARS characters) as it came. Best effort: if the log cannot take it,
+        the caller still gets the real error."""
         tool_use_id = tool_use.id or f"toolu_{uuid.uuid4().hex[:24]}"
         text = tool_use.input_json
         raw = {
@@ -503,6 +526,7 @@ class Dispatcher:
             await self._log.write(record)
         except ToolmeshError as exc:
             logger.warning("a rejected call of %r could not be logged: %s", name, exc)
+        return tool_use_id
 
     # --- guardrails (before execution) ------------------------------------------------------
 

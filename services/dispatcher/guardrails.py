@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from services.dispatcher import jsonpath
+from shared.convert import has_control
 from shared.errors import InvalidArgument
 from shared.schema_regex import compile_re2
 
@@ -32,6 +33,9 @@ _NAME_RE = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")
 
 MAX_PATTERN_CHARS = 500
 MAX_WINDOW_S = 31 * 24 * 3600
+MAX_RULE_MESSAGE_CHARS = 2000
+MAX_RULE_USERS = 1000
+MAX_RATE_CALLS = 1_000_000_000
 MAX_MATCH_CHARS = 100_000  # a constraint looks at most this much of a value
 
 
@@ -201,10 +205,19 @@ def validate_rule(rule: PolicyRule) -> PolicyRule:
     """The rule with normalised params, or InvalidArgument listing every problem as a field
     violation (field names as in the PolicyRule message)."""
     problems: list[tuple[str, str]] = []
-    if not rule.tenant_id.strip() or len(rule.tenant_id) > 128:
-        problems.append(("rule.tenant_id", "required (a tenant id or '*'), at most 128 chars"))
-    if not rule.name.strip() or len(rule.name) > 128:
-        problems.append(("rule.name", "required, at most 128 characters"))
+    if not rule.tenant_id.strip() or len(rule.tenant_id) > 128 or has_control(rule.tenant_id):
+        problems.append(
+            ("rule.tenant_id", "required (a tenant id or '*'), at most 128 printable chars")
+        )
+    if not rule.name.strip() or len(rule.name) > 128 or has_control(rule.name):
+        problems.append(("rule.name", "required, at most 128 printable characters"))
+    if len(rule.created_by) > 128 or has_control(rule.created_by):
+        problems.append(("rule.created_by", "at most 128 printable characters"))
+    # Copied into the warnings of every call the rule fires on.
+    if len(rule.message) > MAX_RULE_MESSAGE_CHARS or "\x00" in rule.message:
+        problems.append(
+            ("rule.message", f"at most {MAX_RULE_MESSAGE_CHARS} characters, no NUL characters")
+        )
     if rule.kind not in RULE_KINDS:
         problems.append(("rule.kind", f"must be one of {', '.join(RULE_KINDS)}"))
     if rule.mode not in MODES:
@@ -242,9 +255,17 @@ def _deny_params(params: dict[str, Any], problems: list[tuple[str, str]]) -> dic
         if (
             not isinstance(users, list)
             or not users
-            or not all(isinstance(u, str) and u for u in users)
+            or len(users) > MAX_RULE_USERS
+            or not all(
+                isinstance(u, str) and u and len(u) <= 128 and not has_control(u) for u in users
+            )
         ):
-            problems.append(("rule.params_json.user_ids", "must be a non-empty list of ids"))
+            problems.append(
+                (
+                    "rule.params_json.user_ids",
+                    f"must be a list of 1..{MAX_RULE_USERS} ids (printable, at most 128 chars)",
+                )
+            )
         else:
             out["user_ids"] = sorted(set(users))
     capability = params.get("unless_capability")
@@ -311,8 +332,14 @@ def _rate_params(params: dict[str, Any], problems: list[tuple[str, str]]) -> dic
     _unknown_keys(params, {"max_calls", "window_seconds"}, problems)
     out: dict[str, Any] = {}
     max_calls = params.get("max_calls")
-    if not isinstance(max_calls, int) or isinstance(max_calls, bool) or max_calls < 1:
-        problems.append(("rule.params_json.max_calls", "required: an integer >= 1"))
+    if (
+        not isinstance(max_calls, int)
+        or isinstance(max_calls, bool)
+        or not 1 <= max_calls <= MAX_RATE_CALLS
+    ):
+        problems.append(
+            ("rule.params_json.max_calls", f"required: an integer in 1..{MAX_RATE_CALLS}")
+        )
     else:
         out["max_calls"] = max_calls
     window = params.get("window_seconds")

@@ -342,6 +342,9 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self, request: dpb.ListExportsRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListExportsResponse:
         exports = self._require_exports()
+        convert.check_ids(
+            [("tenant_id", request.tenant_id), ("conversation_id", request.conversation_id)]
+        )
         limit = _page_limit(request.limit, default=50, cap=MAX_EXPORTS)
         tenant = self._tenant(context, request.tenant_id)
         entries = await exports.list(tenant, request.conversation_id, limit)
@@ -353,6 +356,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         exports = self._require_exports()
         if not request.file_id:
             raise InvalidArgument("file_id is required", field_violations=[("file_id", "empty")])
+        convert.check_ids([("tenant_id", request.tenant_id), ("file_id", request.file_id)])
         tenant = self._tenant(context, request.tenant_id)
         entry, path = await exports.open(tenant, request.file_id)
         yield dpb.GetExportResponse(info=export_to_pb(entry))
@@ -367,6 +371,9 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def Cancel(
         self, request: dpb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> dpb.CancelResponse:
+        convert.check_ids(
+            [("tenant_id", request.tenant_id), ("conversation_id", request.conversation_id)]
+        )
         tenant = self._tenant(context, request.tenant_id)
         outcome = await self._core.cancel(tenant, request.conversation_id)
         return dpb.CancelResponse(
@@ -389,6 +396,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def ListPolicyRules(
         self, request: dpb.ListPolicyRulesRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListPolicyRulesResponse:
+        convert.check_ids([("tenant_id", request.tenant_id)])
         tenant = self._tenant(context, request.tenant_id)
         rules = await self._core.list_rules(tenant, request.include_disabled)
         return dpb.ListPolicyRulesResponse(rules=[rule_to_pb(r) for r in rules])
@@ -405,6 +413,13 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def ListExecutionLog(
         self, request: dpb.ListExecutionLogRequest, context: grpc.aio.ServicerContext
     ) -> dpb.ListExecutionLogResponse:
+        convert.check_ids(
+            [
+                ("tool_name", request.tool_name),
+                ("tenant_id", request.tenant_id),
+                ("conversation_id", request.conversation_id),
+            ]
+        )
         limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
         page = await asyncio.to_thread(
             self._log.page_log,
@@ -446,6 +461,13 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             raise InvalidArgument(
                 "conversation_id is required", field_violations=[("conversation_id", "empty")]
             )
+        convert.check_ids(
+            [
+                ("tenant_id", request.tenant_id),
+                ("conversation_id", request.conversation_id),
+                ("event_type", request.event_type),
+            ]
+        )
         limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
         page = await asyncio.to_thread(
             self._log.page_events,

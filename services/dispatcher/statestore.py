@@ -34,7 +34,7 @@ from shared.db.engine import translate_db_errors
 from shared.db.inline import LoopConnection
 from shared.db.models import PolicyRuleRow, utcnow
 from shared.db.prepared import PreparedCache
-from shared.errors import NotFound, Unavailable
+from shared.errors import InvalidArgument, NotFound, Unavailable
 
 _RULES = cast(Table, PolicyRuleRow.__table__)
 
@@ -503,6 +503,10 @@ class SqlGuardrailStore:
                     return list(cursor.fetchone())
                 finally:
                     cursor.close()
+            except self._engine.dialect.loaded_dbapi.DataError as exc:
+                raise InvalidArgument(
+                    f"a value cannot be stored: {exc}"[:300], reason="VALUE_NOT_STORABLE"
+                ) from exc
             except self._engine.dialect.loaded_dbapi.Error as exc:
                 conn.invalidate()
                 raise Unavailable(

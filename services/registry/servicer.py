@@ -108,6 +108,62 @@ def tool_to_pb(t: ToolDef) -> pb.ToolDefinition:
     return msg
 
 
+# Bounds of what one definition may hold: every listing of the catalog carries it, and the
+# registry compiles its schema before the tool's first call.
+MAX_SCHEMA_BYTES = 256 * 1024
+MAX_IMPLEMENTATION_BYTES = 1024 * 1024
+MAX_SHORT_TEXT_CHARS = 4096  # status and rejection messages
+MAX_LISTED_VALUES = 100  # dependencies, required capabilities
+
+
+def _definition_size_problems(m: pb.ToolDefinition) -> list[tuple[str, str]]:
+    """Field violations of a definition's sizes and identifiers (names of tenants, categories
+    and creators are stored as ids: no control characters, at most MAX_ID_CHARS)."""
+    problems: list[tuple[str, str]] = []
+    for field, value in (
+        ("tenant_id", m.tenant_id),
+        ("created_by", m.created_by),
+        ("category", m.category),
+        ("domain", m.domain),
+        ("parent_tool", m.parent_tool),
+        ("replaced_by_model_capability", m.replaced_by_model_capability),
+    ):
+        limit = 64 if field == "category" else convert.MAX_ID_CHARS
+        if len(value) > limit or convert.has_control(value):
+            problems.append((field, f"must be at most {limit} printable characters"))
+    if len(m.input_schema_json.encode("utf-8")) > MAX_SCHEMA_BYTES:
+        problems.append(("input_schema_json", f"is over {MAX_SCHEMA_BYTES} bytes"))
+    if len(m.implementation.encode("utf-8")) > MAX_IMPLEMENTATION_BYTES:
+        problems.append(("implementation", f"is over {MAX_IMPLEMENTATION_BYTES} bytes"))
+    for field, text in (
+        ("description", m.description),
+        ("implementation", m.implementation),
+        ("status_message", m.status_message),
+        ("rejection_reason", m.rejection_reason),
+    ):
+        if "\x00" in text:
+            problems.append((field, "holds a NUL character"))
+    for field, text in (
+        ("status_message", m.status_message),
+        ("rejection_reason", m.rejection_reason),
+    ):
+        if len(text) > MAX_SHORT_TEXT_CHARS:
+            problems.append((field, f"is over {MAX_SHORT_TEXT_CHARS} characters"))
+    for field, values in (
+        ("dependencies", m.dependencies),
+        ("required_capabilities", m.required_capabilities),
+    ):
+        if len(values) > MAX_LISTED_VALUES or any(
+            len(v) > convert.MAX_ID_CHARS or convert.has_control(v) for v in values
+        ):
+            problems.append(
+                (field, f"at most {MAX_LISTED_VALUES} printable values of 128 characters")
+            )
+    if m.status and m.status not in convert.STATUSES:
+        problems.append(("status", f"unknown status {m.status}"))
+    return problems
+
+
 def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
     """A custom or MCP definition from UpsertTools, validated."""
     violations: list[tuple[str, str]] = []
@@ -141,6 +197,7 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
         )
     if m.handler_path:
         violations.append(("handler_path", "is for system tools, which are seeded from code"))
+    violations.extend(_definition_size_problems(m))
     test_results: dict[str, Any] | None = None
     try:
         test_results = convert.parse_json_object(m.test_results_json, "test_results_json") or None
@@ -245,7 +302,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 field_violations=[("input_json", "too large")],
             )
         inputs = convert.parse_json_object(request.input_json, "input_json")
-        convert.check_ids(convert.context_ids(request.context))
+        convert.check_ids([("name", request.name), *convert.context_ids(request.context)])
         ctx = context_from_pb(request.context, request.name)
         execution = await self._core.execute(request.name, inputs, ctx)
         response = rpb.ExecuteToolResponse(
@@ -270,7 +327,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 field_violations=[("input_json", "too large")],
             )
         inputs = convert.parse_json_object(request.input_json, "input_json")
-        convert.check_ids(convert.context_ids(request.context))
+        convert.check_ids([("name", request.name), *convert.context_ids(request.context)])
         ctx = context_from_pb(request.context, request.name)
         loop = asyncio.get_running_loop()
         reports: asyncio.Queue[rpb.ExecuteToolStreamResponse] = asyncio.Queue()
@@ -312,6 +369,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def GetToolsForLLM(
         self, request: rpb.GetToolsForLLMRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetToolsForLLMResponse:
+        convert.check_ids([("tenant_id", request.tenant_id)])
         tools = await asyncio.to_thread(self._core.tools_for_llm, request.tenant_id)
         return rpb.GetToolsForLLMResponse(
             tools=[
@@ -327,6 +385,13 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def ListTools(
         self, request: rpb.ListToolsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ListToolsResponse:
+        convert.check_ids(
+            [
+                ("tenant_id", request.tenant_id),
+                ("category", request.category),
+                ("created_by", request.created_by),
+            ]
+        )
         tools = await asyncio.to_thread(
             self._core.repo.find,
             tenant_id=request.tenant_id,
@@ -340,6 +405,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def GetTool(
         self, request: rpb.GetToolRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetToolResponse:
+        convert.check_ids([("name", request.name), ("tenant_id", request.tenant_id)])
         tool = await self._core.lookup(request.name, request.tenant_id)
         return rpb.GetToolResponse(tool=tool_to_pb(tool))
 
@@ -379,6 +445,9 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 "give names or created_by; refusing to delete every tool",
                 field_violations=[("names", "empty"), ("created_by", "empty")],
             )
+        convert.check_ids(
+            [("created_by", request.created_by)] + [("names", name) for name in request.names]
+        )
         system = set(await asyncio.to_thread(self._core.repo.names)) & {
             t["name"] for t in self._core.system_tools
         }
@@ -405,6 +474,12 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 "nothing to change: give status or enabled",
                 field_violations=[("status", "unspecified")],
             )
+        convert.check_ids([("name", request.name)])
+        if len(request.reason) > MAX_SHORT_TEXT_CHARS or "\x00" in request.reason:
+            raise InvalidArgument(
+                f"reason must be at most {MAX_SHORT_TEXT_CHARS} characters, without NUL",
+                field_violations=[("reason", "too long or holds NUL")],
+            )
         tool = await asyncio.to_thread(
             self._core.repo.set_status, request.name, status, request.reason, enabled
         )
@@ -427,7 +502,16 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     ) -> rpb.GetUsageStatsResponse:
         if self._sessions is None:
             raise FailedPrecondition("this registry has no database for usage statistics")
-        since = request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None
+        convert.check_ids([("tool_name", request.tool_name), ("tenant_id", request.tenant_id)])
+        since = None
+        if request.HasField("since"):
+            try:
+                since = request.since.ToDatetime(tzinfo=UTC)
+            except (ValueError, OverflowError, OSError) as exc:
+                raise InvalidArgument(
+                    f"since is not a valid timestamp: {exc}",
+                    field_violations=[("since", "out of range")],
+                ) from None
         stats, used_since = await asyncio.to_thread(
             usage_stats,
             self._sessions,

@@ -56,6 +56,7 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
                 ("tenant_id", request.tenant_id),
                 ("conversation_id", request.conversation_id),
                 ("namespace_id", request.namespace_id),
+                ("model", request.model),
             ]
         )
         surface = await self._core.assemble(
@@ -87,7 +88,7 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
         self, request: spb.SearchToolsRequest, context: grpc.aio.ServicerContext
     ) -> spb.SearchToolsResponse:
         ctx: pb.CallContext = request.context
-        convert.check_ids(convert.context_ids(ctx))
+        convert.check_ids([*convert.context_ids(ctx), ("model", request.model)])
         outcome = await self._core.search(
             request.query,
             request.limit,
@@ -121,6 +122,12 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
     async def GetWorkingSet(
         self, request: spb.GetWorkingSetRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetWorkingSetResponse:
+        convert.check_ids(
+            [
+                ("conversation_id", request.conversation_id),
+                ("namespace_id", request.namespace_id),
+            ]
+        )
         names = await self._core.working_set(request.conversation_id, request.namespace_id)
         return spb.GetWorkingSetResponse(names=names)
 

@@ -11,12 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DataError,
+    DBAPIError,
+    NoSuchModuleError,
+    OperationalError,
+)
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.errors import FailedPrecondition, Unavailable
+from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -119,7 +125,8 @@ def upgrade(url: str) -> None:
 
 @contextlib.contextmanager
 def translate_db_errors() -> Iterator[None]:
-    """Turn a database that cannot be reached into Unavailable (gRPC UNAVAILABLE)."""
+    """Turn a database that cannot be reached into Unavailable (gRPC UNAVAILABLE), and a value
+    it cannot store into InvalidArgument."""
     try:
         yield
     except (OperationalError, SAInterfaceError) as exc:
@@ -132,6 +139,10 @@ def translate_db_errors() -> Iterator[None]:
         raise Unavailable(
             f"database busy: no free connection in this process's pool ({first_line(exc)})",
             reason="DATABASE_UNAVAILABLE",
+        ) from exc
+    except DataError as exc:  # a value this database cannot hold (PostgreSQL: NUL, too long)
+        raise InvalidArgument(
+            f"a value cannot be stored: {first_line(exc)}", reason="VALUE_NOT_STORABLE"
         ) from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:

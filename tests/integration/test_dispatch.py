@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2, status_pb2
 
 from tests.integration.conftest import Mesh
@@ -371,8 +373,8 @@ def test_an_unknown_long_name_is_not_found_with_suggestions_quickly(mesh: Mesh) 
         mesh.call("ping" + "x" * 60, conversation="long-unknown", timeout=10)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert "did you mean ping" in caught.value.details()
-    # The registry called directly: its "did you mean" compares a clipped name, and the status
-    # quotes it clipped (a 100 KB name in the status overflowed gRPC's 16 KB header limit).
+    # The registry called directly: a name longer than any id is refused at once, without
+    # quoting it (a 100 KB name in the status overflowed gRPC's 16 KB header limit).
     with pytest.raises(grpc.RpcError) as direct:
         mesh.registry.ExecuteTool(
             rpb.ExecuteToolRequest(
@@ -380,9 +382,9 @@ def test_an_unknown_long_name_is_not_found_with_suggestions_quickly(mesh: Mesh) 
             ),
             timeout=10,
         )
-    assert direct.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "(5000004 characters)" in direct.value.details()
-    assert "did you mean ping" in direct.value.details()
+    assert direct.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "5000004 characters" in direct.value.details()
+    assert len(direct.value.details()) < 300
 
 
 def test_nul_characters_in_input_are_logged_on_every_backend(mesh: Mesh) -> None:
@@ -439,3 +441,94 @@ def test_listings_page_big_payloads_within_a_default_clients_4_mb(mesh: Mesh) ->
     )
     assert [e.input_json[:10] for e in rest.entries] == ['{"echo":"0']
     assert rest.next_before_id == 0
+
+
+NUL_ID = "a\x00b"
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda m: m.dispatcher.Cancel(dpb.CancelRequest(tenant_id=NUL_ID, conversation_id="c")),
+        lambda m: m.dispatcher.Cancel(dpb.CancelRequest(tenant_id="t", conversation_id="c" * 300)),
+        lambda m: m.dispatcher.ListExecutionLog(dpb.ListExecutionLogRequest(tool_name=NUL_ID)),
+        lambda m: m.dispatcher.ListExecutionLog(dpb.ListExecutionLogRequest(tenant_id=NUL_ID)),
+        lambda m: m.dispatcher.ListConversationEvents(
+            dpb.ListConversationEventsRequest(conversation_id="c", event_type=NUL_ID)
+        ),
+        lambda m: m.dispatcher.ListPolicyRules(dpb.ListPolicyRulesRequest(tenant_id=NUL_ID)),
+        lambda m: m.dispatcher.AddPolicyRule(
+            dpb.AddPolicyRuleRequest(
+                rule=dpb.PolicyRule(
+                    tenant_id="t",
+                    name="r",
+                    kind=dpb.POLICY_RULE_KIND_DENY_TOOL,
+                    tool_name="ping",
+                    mode=dpb.POLICY_MODE_BLOCKING,
+                    message=NUL_ID,
+                )
+            )
+        ),
+        lambda m: m.registry.GetTool(rpb.GetToolRequest(name=NUL_ID)),
+        lambda m: m.registry.ListTools(rpb.ListToolsRequest(tenant_id=NUL_ID)),
+        lambda m: m.registry.ListTools(rpb.ListToolsRequest(category="c" * 200)),
+        lambda m: m.registry.DeleteTools(rpb.DeleteToolsRequest(names=[NUL_ID])),
+        lambda m: m.registry.SetToolStatus(
+            rpb.SetToolStatusRequest(name=NUL_ID, status=pb.TOOL_STATUS_APPROVED)
+        ),
+        lambda m: m.registry.GetToolsForLLM(rpb.GetToolsForLLMRequest(tenant_id=NUL_ID)),
+        lambda m: m.registry.GetUsageStats(
+            rpb.GetUsageStatsRequest(since=Timestamp(seconds=10**12))
+        ),
+        lambda m: m.registry.UpsertTools(
+            rpb.UpsertToolsRequest(
+                tools=[
+                    pb.ToolDefinition(
+                        name="bad_def", tool_type=pb.TOOL_TYPE_MCP, tenant_id="t" * 200
+                    )
+                ]
+            )
+        ),
+        lambda m: m.registry.UpsertTools(
+            rpb.UpsertToolsRequest(
+                tools=[
+                    pb.ToolDefinition(
+                        name="bad_def",
+                        tool_type=pb.TOOL_TYPE_MCP,
+                        input_schema_json='{"description": "' + "x" * 300_000 + '"}',
+                    )
+                ]
+            )
+        ),
+        lambda m: m.registry.UpsertTools(
+            rpb.UpsertToolsRequest(
+                tools=[pb.ToolDefinition(name="bad_def", tool_type=pb.TOOL_TYPE_MCP, status=99)]
+            )
+        ),
+    ],
+)
+def test_ids_and_values_no_database_can_store_are_invalid_argument_on_every_backend(
+    mesh: Mesh, send: Any
+) -> None:
+    """Before, on PostgreSQL (which refuses NUL in text and values over a column's length)
+    these answered INTERNAL with a traceback in the service's log; on SQLite they were stored."""
+    with pytest.raises(grpc.RpcError) as caught:
+        send(mesh)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert len(caught.value.details()) < 500
+    alive = mesh.call("ping", json.dumps({"echo": time.time_ns()}), conversation="still-serving")
+    assert alive.result.envelope.WhichOneof("kind") == "ok"
+
+
+def test_a_nan_or_negative_budget_is_invalid_argument(mesh: Mesh) -> None:
+    for limit in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(grpc.RpcError) as caught:
+            mesh.dispatcher.DispatchToolCall(
+                dpb.DispatchToolCallRequest(
+                    tool_use=pb.ToolUse(name="ping", input_json="{}"),
+                    context=pb.CallContext(tenant_id="t", budget=pb.Budget(limit_usd=limit)),
+                ),
+                timeout=10,
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value).reason == "BUDGET_INVALID"

@@ -227,6 +227,27 @@ async def test_a_batch_of_many_distinct_calls_runs_and_is_logged(
     assert len(page.entries) == MAX_BATCH_CALLS
 
 
+async def test_a_malformed_call_in_a_batch_fails_in_its_own_slot_and_the_others_run(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    """Before, one input that was not JSON failed the whole batch with INVALID_ARGUMENT naming
+    `tool_use.input_json`: the valid calls never ran, and were not logged."""
+    a, _ = replicas
+    bad = pb.ToolUse(id="bad", name="sleep", input_json='{"echo": 3')
+    nameless = pb.ToolUse(name="", input_json="{}")
+    uses = [use("ok1", echo=1), bad, use("ok2", echo=2), nameless]
+    outcomes = await a.core.dispatch_many(uses, CTX)
+    kinds = [kind(o.result) for o in outcomes]
+    assert kinds == ["ok", "input_not_json", "ok", "invalid_argument"]
+    assert "tool_uses[1] (bad).input_json" in outcomes[1].result.envelope.err.message
+    assert "tool_uses[3].name" in outcomes[3].result.envelope.err.message
+    assert outcomes[1].tool_use_id == "bad" and outcomes[3].tool_use_id.startswith("toolu_")
+    page = a.log.page_log(tool_name="", tenant_id="t1", conversation_id="c1", limit=100)
+    logged = {e.tool_use_id: e.success for e in page.entries}
+    assert logged["ok1"] and logged["ok2"]
+    assert logged["bad"] is False and logged[outcomes[3].tool_use_id] is False
+
+
 async def test_a_batch_over_the_limit_is_refused_before_anything_runs(
     replicas: tuple[Replica, Replica],
 ) -> None:
