@@ -408,7 +408,7 @@ class McpBridge:
             exc = sdk.leaf_exception(exc)  # type: ignore[assignment]
             code = getattr(exc, "code", None)
             kind = type(exc).__name__
-            if kind == "MCPError" and code == sdk.REQUEST_TIMEOUT:
+            if kind == "MCPError" and sdk.local_timeout(exc):
                 return CallOutcome(
                     Err(
                         f"MCP tool {tool!r} of {name!r} did not answer within {timeout:g}s "
@@ -416,7 +416,7 @@ class McpBridge:
                         err_kind="timeout",
                     )
                 )
-            if (kind == "MCPError" and code == sdk.CONNECTION_CLOSED) or sdk.session_closed(client):
+            if (kind == "MCPError" and sdk.local_closed(exc)) or sdk.session_closed(client):
                 live.mark_broken()
                 raise Unavailable(
                     f"MCP server {name!r} went away during the call to {tool!r}; it is being "

@@ -117,7 +117,12 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
         from mcp.client.stdio import stdio_client
 
         params = mcp.StdioServerParameters(
-            command=config.command, args=list(config.args), env=dict(config.env) or None
+            command=config.command,
+            args=list(config.args),
+            env=dict(config.env) or None,
+            # One invalid UTF-8 byte on stdout killed the SDK's reader (strict decoding) while
+            # the session still looked open: every later call waited out its timeout.
+            encoding_error_handler="replace",
         )
         client = mcp.Client(answering(stdio_client(params)), client_info=_client_info(mcp))
     else:
@@ -288,6 +293,30 @@ def tool_from_sdk(tool: Any) -> dict[str, Any]:
         if annotations is not None and hasattr(annotations, "model_dump")
         else None,
     }
+
+
+# What the SDK's own errors say, as against a server's error response with the same code:
+# -32000 is also the usual code of any server-side error, and -32001 a server's to use too.
+_LOCAL_CLOSED_MESSAGE = "Connection closed"
+_LOCAL_TIMEOUT_MESSAGE = "Request 'tools/call' timed out"
+
+
+def local_closed(exc: BaseException) -> bool:
+    """Whether `exc` is the SDK's own "connection closed" (its transport ended), not an error
+    response of the server that happens to use code -32000."""
+    return (
+        getattr(exc, "code", None) == CONNECTION_CLOSED
+        and getattr(exc, "message", None) == _LOCAL_CLOSED_MESSAGE
+    )
+
+
+def local_timeout(exc: BaseException) -> bool:
+    """Whether `exc` is the SDK's own timeout of a tools/call (it cancelled the request), not
+    an error response of the server with code -32001."""
+    return (
+        getattr(exc, "code", None) == REQUEST_TIMEOUT
+        and getattr(exc, "message", None) == _LOCAL_TIMEOUT_MESSAGE
+    )
 
 
 def session_closed(client: Any) -> bool:

@@ -485,6 +485,38 @@ def test_a_failing_tool_is_an_err_result_not_an_rpc_error(mcp_mesh: Mesh) -> Non
     assert dispatch(mcp_mesh, "mcp_raw_fail", {}, conversation="mcp-5b").result.content
 
 
+def test_a_byte_that_is_not_utf8_is_replaced_and_the_connection_keeps_working(
+    mcp_mesh: Mesh,
+) -> None:
+    """Before, the SDK's reader died on it while the session looked open: this call and every
+    later one of the server waited out the 120 s timeout, until someone reconnected."""
+    wait_for(lambda: connected(mcp_mesh, "raw"))
+    started = time.monotonic()
+    odd = dispatch(mcp_mesh, "mcp_raw_bad_utf8", {}, conversation="mcp-utf8")
+    assert json.loads(odd.result.envelope.ok.data_json) == "caf\ufffd"
+    echoed = dispatch(mcp_mesh, "mcp_raw_echo", {"message": "after"}, conversation="mcp-utf8b")
+    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: after"
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("code", [-32000, -32001])
+def test_a_server_error_with_a_reserved_code_is_the_servers_error_not_a_lost_connection(
+    mcp_mesh: Mesh, code: int
+) -> None:
+    """-32000 is the usual code of any server-side error, and a server may answer -32001: the
+    bridge took the first for its own "connection closed" (and restarted the server, failing
+    every call in flight on it) and the second for its own timeout."""
+    wait_for(lambda: connected(mcp_mesh, "raw"))
+    before = children_of(mcp_mesh.processes["mcp_bridge"].process.pid)
+    failed = dispatch(mcp_mesh, "mcp_raw_server_error", {"code": code}, conversation="mcp-32k")
+    err = failed.result.envelope.err
+    assert err.err_kind == "mcp_error", failed.result
+    assert "widget backend is down" in err.message
+    assert children_of(mcp_mesh.processes["mcp_bridge"].process.pid) == before  # no restart
+    echoed = dispatch(mcp_mesh, "mcp_raw_echo", {"message": "same"}, conversation="mcp-32kb")
+    assert json.loads(echoed.result.envelope.ok.data_json) == "Echo: same"
+
+
 def test_cancelling_the_conversation_cancels_the_request_on_the_mcp_session(
     mcp_mesh: Mesh, tmp_path: Path
 ) -> None:

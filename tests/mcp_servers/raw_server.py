@@ -93,6 +93,16 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "description": "A tool whose name is over 64 characters.",
         "inputSchema": {"type": "object"},
     },
+    {
+        "name": "bad_utf8",
+        "description": "Answer with a byte that is not UTF-8 inside the result's text.",
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "server_error",
+        "description": "Answer with a JSON-RPC error of code `code` (default -32000).",
+        "inputSchema": {"type": "object", "properties": {"code": {"type": "integer"}}},
+    },
     {"name": "dup.name", "description": "Becomes dup_name.", "inputSchema": {"type": "object"}},
     {"name": "dup_name", "description": "Already dup_name.", "inputSchema": {"type": "object"}},
 ]
@@ -160,6 +170,13 @@ class Server:
             result(request_id, {"content": [data]})
         elif name == "huge":
             result(request_id, text("z" * (int(arguments.get("mb", 1)) * 1024 * 1024)))
+        elif name == "bad_utf8":
+            line = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": text("caf@")})
+            with _out_lock:
+                sys.stdout.buffer.write(line.encode().replace(b"caf@", b"caf\xe9") + b"\n")
+                sys.stdout.buffer.flush()
+        elif name == "server_error":
+            error(request_id, int(arguments.get("code", -32000)), "the widget backend is down")
         elif name == "fail":
             result(request_id, text("the widget is broken", is_error=True))
         elif name == "image":
