@@ -15,6 +15,7 @@ import difflib
 import functools
 import gzip
 import io
+import json
 import logging
 import lzma
 import os
@@ -76,6 +77,10 @@ DUCKDB_CONFIG: dict[str, Any] = {
     "enable_external_access": False,
     "threads": 2,
     "memory_limit": "1GB",
+    # No spilling to disk: with file access off, DuckDB still wrote what did not fit in memory
+    # to `.tmp` in the service's working directory (up to 90% of the free disk by default), and
+    # showed that path to any query. Over memory_limit is an Err the model can act on instead.
+    "temp_directory": "",
 }
 # Statement types DuckDB reports for reads: SELECT covers WITH, VALUES, FROM-first, SHOW,
 # DESCRIBE and SUMMARIZE.
@@ -1246,6 +1251,70 @@ def _rows_within(table: pa.Table, budget: int) -> int:
     return max(1, table.num_rows * budget // table.nbytes)
 
 
+def _datasets_read_by(
+    con: duckdb.DuckDBPyConnection, sql: str, infos: Sequence[DatasetInfo]
+) -> list[DatasetInfo]:
+    """The datasets the query names, read from DuckDB's parse tree (loading every dataset of
+    the conversation for each query cost time in proportion to all of them); all of them for
+    a query that names none or names the catalog (SHOW TABLES, information_schema) or that
+    is not a SELECT DuckDB can serialise."""
+    try:
+        found = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()
+        tree = json.loads(found[0][0]) if found else {"error": True}
+    except (duckdb.Error, ValueError, RecursionError):
+        return list(infos)
+    if not isinstance(tree, dict) or tree.get("error"):
+        return list(infos)
+    named: set[str] = set()
+    stack: list[Any] = [tree]
+    while stack:  # the parse tree's BASE_TABLE nodes (parsed only: nothing is bound)
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                if node.get("schema_name") or node.get("catalog_name"):
+                    return list(infos)  # information_schema.tables and the like
+                named.add(str(node.get("table_name", "")).lower())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    if not named:
+        return list(infos)
+    return [info for info in infos if info.name.lower() in named]
+
+
+def _register(
+    con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, warnings: list[Warning]
+) -> None:
+    """Make `table` queryable as `name`. A column DuckDB cannot read (a decimal of more than
+    38 digits, and the like) made every query of the conversation fail, SELECT 1 included:
+    it is left out, with a warning naming it and why."""
+    try:
+        con.register(name, table)
+        return
+    except duckdb.Error as exc:
+        failure = _first_lines(exc)
+    kept = []
+    for i, field in enumerate(table.schema):
+        try:
+            con.register("__probe", table.select([i]))
+            kept.append(i)
+        except duckdb.Error as exc:
+            warnings.append(
+                Warning(
+                    kind="column_skipped",
+                    message=(
+                        f"dataset {name!r}: column {field.name!r} ({field.type}) cannot be read "
+                        f"by SQL and was left out: {_first_lines(exc)[:200]}"
+                    ),
+                )
+            )
+        finally:
+            con.unregister("__probe")
+    if len(kept) == table.num_columns:  # no single column is to blame
+        raise HintException("schema", f"dataset {name!r} cannot be read by SQL: {failure}")
+    con.register(name, table.select(kept))
+
+
 def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     """Read-only DuckDB SQL over the conversation's datasets; save_as keeps the full result."""
     warnings: list[Warning] = []
@@ -1268,13 +1337,13 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     try:
         _check_read_only(con, sql)  # before any dataset is loaded
         infos = context.list_datasets()
-        for info in infos:
+        for info in _datasets_read_by(con, sql, infos):
             try:
                 frame = context.load_dataset(info.name)
             except KeyError:
                 logger.info("dataset %r vanished before the query; skipping it", info.name)
                 continue
-            con.register(info.name, dataframe_to_arrow(frame))
+            _register(con, info.name, dataframe_to_arrow(frame), warnings)
         con.execute("SET lock_configuration = true")
         with _Watchdog(con, timeout_s) as watchdog:
             try:

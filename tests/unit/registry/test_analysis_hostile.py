@@ -267,6 +267,56 @@ def test_unusual_parquet_types_load_and_query(ctx: ToolContext, files: Path) -> 
     assert ok_of(load_dataset({"path": "none.parquet"}, ctx)).rows == 0
 
 
+def test_a_column_sql_cannot_read_is_left_out_and_other_queries_still_run(
+    ctx: ToolContext, files: Path
+) -> None:
+    """A decimal of 70 digits (Parquet's decimal256) made DuckDB refuse the whole dataset when
+    it was registered, and every query of the conversation failed with it, SELECT 1 included,
+    naming neither the dataset nor the column."""
+    (files / "people.csv").write_text("name,age\nada,36\n", "utf-8")
+    wide = pa.array([decimal.Decimal("1" * 60)], type=pa.decimal256(70, 0))
+    pq.write_table(pa.table({"id": [1], "big": wide}), files / "wide.parquet")
+    load_dataset({"path": "people.csv"}, ctx)
+    load_dataset({"path": "wide.parquet"}, ctx)
+
+    assert ok_of(query({"sql": "SELECT 1 AS one"}, ctx)).data["one"][0] == 1
+    assert ok_of(query({"sql": "SELECT count(*) AS n FROM people"}, ctx)).data["n"][0] == 1
+    read = ok_of(query({"sql": "SELECT * FROM wide"}, ctx))
+    assert list(read.data.columns) == ["id"]
+    (skipped,) = [w for w in read.warnings if w.kind == "column_skipped"]
+    assert "'wide'" in skipped.message and "'big'" in skipped.message
+    missing = hint(query, {"sql": "SELECT big FROM wide"}, ctx)
+    assert missing.hint_kind == "schema"
+
+
+def test_a_query_never_spills_to_disk_nor_shows_a_server_path(ctx: ToolContext) -> None:
+    shown = ok_of(query({"sql": "SELECT current_setting('temp_directory') AS t"}, ctx))
+    assert shown.data["t"][0] == ""
+
+
+def test_a_query_loads_only_the_datasets_it_names(
+    ctx: ToolContext, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b", "c"):
+        (files / f"{name}.csv").write_text("x\n1\n", "utf-8")
+        load_dataset({"path": f"{name}.csv"}, ctx)
+    loaded: list[str] = []
+    real = ctx.load_dataset
+
+    def counting(name: str) -> Any:
+        loaded.append(name)
+        return real(name)
+
+    monkeypatch.setattr(ctx, "load_dataset", counting)
+    assert ok_of(query({"sql": "SELECT * FROM B JOIN c USING (x)"}, ctx)).rows == 1
+    assert sorted(loaded) == ["b", "c"]
+    loaded.clear()
+    # A query over the catalog names no dataset: it sees every one.
+    listed = ok_of(query({"sql": "SELECT table_name FROM information_schema.tables"}, ctx))
+    assert sorted(listed.data["table_name"]) == ["a", "b", "c"]
+    assert sorted(loaded) == ["a", "b", "c"]
+
+
 # --------------------------------------------------------------------------------------------
 # paths
 
