@@ -65,6 +65,10 @@ MAX_ID_CHARS = 128
 # A tool's description goes into every prompt that offers the tool: the registry refuses a
 # longer one, and the MCP bridge clips a server's to it.
 MAX_TOOL_DESCRIPTION_CHARS = 32 * 1024
+# A tool's input schema as JSON: every listing of the catalog carries it, and the registry
+# compiles it before the tool's first call (a 4 MB one took 12 s). The MCP bridge skips a
+# server's tool with a larger one.
+MAX_SCHEMA_BYTES = 256 * 1024
 # A serialised tool result: half the services' 64 MB message limit, so the response around it
 # always fits. A larger one is an Err `result_too_large` where it is made.
 MAX_RESULT_BYTES = 32 * 1024 * 1024

@@ -81,10 +81,21 @@ class CallOutcome:
     structured: dict[str, Any] | None = None
 
 
+def _unregistrable(tool: Any) -> str | None:
+    """Why a server's tool cannot be registered, or None: one such tool failed the whole
+    connection's registration."""
+    if "\x00" in tool.name:
+        return "its name holds a NUL character"
+    size = len(convert.dumps(tool.input_schema or {}).encode("utf-8"))
+    if size > convert.MAX_SCHEMA_BYTES:
+        return f"its input schema is {size} bytes, over the {convert.MAX_SCHEMA_BYTES}-byte limit"
+    return None
+
+
 def _description(connection: str, description: str) -> str:
     """The registered description: `[MCP: conn]` first, clipped to what the registry takes (a
     server's description goes into every prompt that offers its tool)."""
-    text = f"[MCP: {connection}] {description}".rstrip()
+    text = f"[MCP: {connection}] {description}".replace("\x00", "").rstrip()
     limit = convert.MAX_TOOL_DESCRIPTION_CHARS
     if len(text) <= limit:
         return text
@@ -262,6 +273,11 @@ class McpBridge:
         registrations: list[ToolRegistration] = []
         for tool in sorted(tools, key=lambda t: names[t.name]):
             name = names[tool.name]
+            problem = _unregistrable(tool)
+            if problem is not None:
+                logger.warning("MCP connection %s: tool %r skipped: %s", config.name, name, problem)
+                report.skipped.append(f"{convert.clip(tool.name, 100)}: {problem}")
+                continue
             digest = definition_hash(tool)
             old = by_name.get(name)
             status = "approved"

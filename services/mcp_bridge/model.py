@@ -118,6 +118,7 @@ class InventoryReport:
     removed: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
             tool_names=report.tool_names,
             renamed=report.renamed,
             held=report.held,
+            skipped=report.skipped,
         )
 
     async def Disconnect(

@@ -548,7 +548,10 @@ class Registry:
         """`_validate`, with the Python validator run in a thread for a large input: walking
         megabytes of JSON in Python takes seconds, which on the event loop would stall every
         other call of the registry."""
-        found = self._validators(tool)
+        if (tool.name, tool.version) in self._validators_cache or not is_large(tool.input_schema):
+            found = self._validators(tool)
+        else:  # checking and compiling a large schema takes a while: not on the loop
+            found = await asyncio.to_thread(self._validators, tool)
         if isinstance(found, Hint):
             return found
         validator, accept = found

@@ -110,7 +110,6 @@ def tool_to_pb(t: ToolDef) -> pb.ToolDefinition:
 
 # Bounds of what one definition may hold: every listing of the catalog carries it, and the
 # registry compiles its schema before the tool's first call.
-MAX_SCHEMA_BYTES = 256 * 1024
 MAX_IMPLEMENTATION_BYTES = 1024 * 1024
 MAX_SHORT_TEXT_CHARS = 4096  # status and rejection messages
 MAX_LISTED_VALUES = 100  # dependencies, required capabilities
@@ -131,8 +130,8 @@ def _definition_size_problems(m: pb.ToolDefinition) -> list[tuple[str, str]]:
         limit = 64 if field == "category" else convert.MAX_ID_CHARS
         if len(value) > limit or convert.has_control(value):
             problems.append((field, f"must be at most {limit} printable characters"))
-    if len(m.input_schema_json.encode("utf-8")) > MAX_SCHEMA_BYTES:
-        problems.append(("input_schema_json", f"is over {MAX_SCHEMA_BYTES} bytes"))
+    if len(m.input_schema_json.encode("utf-8")) > convert.MAX_SCHEMA_BYTES:
+        problems.append(("input_schema_json", f"is over {convert.MAX_SCHEMA_BYTES} bytes"))
     if len(m.implementation.encode("utf-8")) > MAX_IMPLEMENTATION_BYTES:
         problems.append(("implementation", f"is over {MAX_IMPLEMENTATION_BYTES} bytes"))
     for field, text in (

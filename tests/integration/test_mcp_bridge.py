@@ -670,3 +670,31 @@ def test_a_restarted_bridge_re_establishes_its_stored_connections(mcp_mesh: Mesh
     again = wait_for(echo_back)
     assert again.result.envelope.WhichOneof("kind") == "ok", again.result.content
     assert json.loads(again.result.envelope.ok.data_json) == "Echo: back"
+
+
+def test_a_tool_the_registry_cannot_take_is_skipped_and_the_others_are_registered(
+    mcp_mesh: Mesh, tmp_path: Path
+) -> None:
+    """Before, one tool with a schema of megabytes (or a NUL in its description) failed the
+    registration of the whole connection, or held the registry's loop for seconds."""
+    big = {"type": "object", "description": "x" * 300_000}
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(
+        json.dumps(
+            [
+                {"name": "enormous", "description": "too big", "inputSchema": big},
+                {"name": "nul_doc", "description": "a\u0000b", "inputSchema": {"type": "object"}},
+            ]
+        )
+    )
+    stub = bridge(mcp_mesh)
+    connected_now = stub.Connect(stdio("skips", RAW, "--inventory", str(inventory)), timeout=60)
+    try:
+        assert [s.split(":")[0] for s in connected_now.skipped] == ["enormous"]
+        assert "over the 262144-byte limit" in connected_now.skipped[0]
+        assert "mcp_skips_nul_doc" in connected_now.tool_names
+        assert "mcp_skips_echo" in connected_now.tool_names
+        answered = dispatch(mcp_mesh, "mcp_skips_nul_doc", {}, conversation="mcp-skips")
+        assert json.loads(answered.result.envelope.ok.data_json) == "nul_doc v1"
+    finally:
+        stub.Disconnect(mpb.DisconnectRequest(name="skips"), timeout=60)

@@ -153,3 +153,23 @@ async def test_a_small_input_is_validated_on_the_loop(
     hint = await registry._validate_off_loop(patterned, {"tags": ["ABC"]})
     assert isinstance(hint, Hint)
     assert hops == []
+
+
+async def test_a_large_schema_is_compiled_off_the_loop_and_still_enforced(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    properties = {f"p{i}": {"type": "integer"} for i in range(LARGE_INPUT_NODES)}
+    wide = tool("wide", {"type": "object", "properties": properties})
+    hops: list[Any] = []
+    real = asyncio.to_thread
+
+    async def counting(func: Any, *args: Any) -> Any:
+        hops.append(func)
+        return await real(func, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    hint = await registry._validate_off_loop(wide, {"p7": "seven"})
+    assert isinstance(hint, Hint) and "'p7'" in hint.message
+    assert len(hops) == 1  # compiled in a thread once, then cached
+    assert await registry._validate_off_loop(wide, {"p7": 7}) is None
+    assert len(hops) == 1

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/mcp_bridge/v1/mcp_bridge.proto\x12\x16toolmesh.mcp_bridge.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1ctoolmesh/type/v1/types.proto\"\xed\x02\n\x0cServerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\ttransport\x18\x02 \x01(\x0e\x32!.toolmesh.mcp_bridge.v1.Transport\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x04 \x03(\t\x12:\n\x03\x65nv\x18\x05 \x03(\x0b\x32-.toolmesh.mcp_bridge.v1.ServerConfig.EnvEntry\x12\x0b\n\x03url\x18\x06 \x01(\t\x12\x42\n\x07headers\x18\x07 \x03(\x0b\x32\x31.toolmesh.mcp_bridge.v1.ServerConfig.HeadersEntry\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x0e\x43onnectRequest\x12\x34\n\x06server\x18\x01 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\"^\n\x0f\x43onnectResponse\x12\x18\n\x10tools_discovered\x18\x01 \x01(\x05\x12\x12\n\ntool_names\x18\x02 \x03(\t\x12\x0f\n\x07renamed\x18\x03 \x03(\t\x12\x0c\n\x04held\x18\x04 \x03(\t\"!\n\x11\x44isconnectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x12\x44isconnectResponse\x12\x15\n\rremoved_tools\x18\x01 \x03(\t\"V\n\x10ReconnectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x06server\x18\x02 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\"i\n\x11ReconnectResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\t\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x12\n\ntool_names\x18\x04 \x03(\t\x12\x0f\n\x07renamed\x18\x05 \x03(\t\"\x18\n\x16ListConnectionsRequest\"\x8f\x02\n\nConnection\x12\x34\n\x06server\x18\x01 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\x12\x36\n\x05state\x18\x02 \x01(\x0e\x32\'.toolmesh.mcp_bridge.v1.ConnectionState\x12\x13\n\x0bserver_name\x18\x03 \x01(\t\x12\x16\n\x0eserver_version\x18\x04 \x01(\t\x12\x18\n\x10protocol_version\x18\x05 \x01(\t\x12\x12\n\ntool_names\x18\x06 \x03(\t\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\x05\"R\n\x17ListConnectionsResponse\x12\x37\n\x0b\x63onnections\x18\x01 \x03(\x0b\x32\".toolmesh.mcp_bridge.v1.Connection\"\x94\x01\n\x0f\x43\x61llToolRequest\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"<\n\x08Progress\x12\x10\n\x08progress\x18\x01 \x01(\x01\x12\r\n\x05total\x18\x02 \x01(\x01\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xd7\x01\n\x10\x43\x61llToolResponse\x12\x34\n\x08progress\x18\x01 \x01(\x0b\x32 .toolmesh.mcp_bridge.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResultH\x00\x12\x33\n\x12structured_content\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\x17structured_content_json\x18\x04 \x01(\tB\x07\n\x05\x65vent\"\x99\x01\n\x14\x43\x61llToolUnaryRequest\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"f\n\x15\x43\x61llToolUnaryResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x1f\n\x17structured_content_json\x18\x02 \x01(\t*Z\n\tTransport\x12\x19\n\x15TRANSPORT_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRANSPORT_STDIO\x10\x01\x12\x1d\n\x19TRANSPORT_STREAMABLE_HTTP\x10\x02*\xb4\x01\n\x0f\x43onnectionState\x12 \n\x1c\x43ONNECTION_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43ONNECTION_STATE_CONNECTED\x10\x01\x12\x1f\n\x1b\x43ONNECTION_STATE_CONNECTING\x10\x02\x12\x1b\n\x17\x43ONNECTION_STATE_FAILED\x10\x03\x12!\n\x1d\x43ONNECTION_STATE_DISCONNECTED\x10\x04\x32\xf8\x04\n\x10McpBridgeService\x12Z\n\x07\x43onnect\x12&.toolmesh.mcp_bridge.v1.ConnectRequest\x1a\'.toolmesh.mcp_bridge.v1.ConnectResponse\x12\x63\n\nDisconnect\x12).toolmesh.mcp_bridge.v1.DisconnectRequest\x1a*.toolmesh.mcp_bridge.v1.DisconnectResponse\x12`\n\tReconnect\x12(.toolmesh.mcp_bridge.v1.ReconnectRequest\x1a).toolmesh.mcp_bridge.v1.ReconnectResponse\x12r\n\x0fListConnections\x12..toolmesh.mcp_bridge.v1.ListConnectionsRequest\x1a/.toolmesh.mcp_bridge.v1.ListConnectionsResponse\x12_\n\x08\x43\x61llTool\x12\'.toolmesh.mcp_bridge.v1.CallToolRequest\x1a(.toolmesh.mcp_bridge.v1.CallToolResponse0\x01\x12l\n\rCallToolUnary\x12,.toolmesh.mcp_bridge.v1.CallToolUnaryRequest\x1a-.toolmesh.mcp_bridge.v1.CallToolUnaryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'toolmesh/mcp_bridge/v1/mcp_bridge.proto\x12\x16toolmesh.mcp_bridge.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1ctoolmesh/type/v1/types.proto\"\xed\x02\n\x0cServerConfig\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\ttransport\x18\x02 \x01(\x0e\x32!.toolmesh.mcp_bridge.v1.Transport\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x04 \x03(\t\x12:\n\x03\x65nv\x18\x05 \x03(\x0b\x32-.toolmesh.mcp_bridge.v1.ServerConfig.EnvEntry\x12\x0b\n\x03url\x18\x06 \x01(\t\x12\x42\n\x07headers\x18\x07 \x03(\x0b\x32\x31.toolmesh.mcp_bridge.v1.ServerConfig.HeadersEntry\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x0e\x43onnectRequest\x12\x34\n\x06server\x18\x01 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\"o\n\x0f\x43onnectResponse\x12\x18\n\x10tools_discovered\x18\x01 \x01(\x05\x12\x12\n\ntool_names\x18\x02 \x03(\t\x12\x0f\n\x07renamed\x18\x03 \x03(\t\x12\x0c\n\x04held\x18\x04 \x03(\t\x12\x0f\n\x07skipped\x18\x05 \x03(\t\"!\n\x11\x44isconnectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x12\x44isconnectResponse\x12\x15\n\rremoved_tools\x18\x01 \x03(\t\"V\n\x10ReconnectRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x06server\x18\x02 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\"i\n\x11ReconnectResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x03(\t\x12\x0f\n\x07removed\x18\x02 \x03(\t\x12\x0f\n\x07\x63hanged\x18\x03 \x03(\t\x12\x12\n\ntool_names\x18\x04 \x03(\t\x12\x0f\n\x07renamed\x18\x05 \x03(\t\"\x18\n\x16ListConnectionsRequest\"\x8f\x02\n\nConnection\x12\x34\n\x06server\x18\x01 \x01(\x0b\x32$.toolmesh.mcp_bridge.v1.ServerConfig\x12\x36\n\x05state\x18\x02 \x01(\x0e\x32\'.toolmesh.mcp_bridge.v1.ConnectionState\x12\x13\n\x0bserver_name\x18\x03 \x01(\t\x12\x16\n\x0eserver_version\x18\x04 \x01(\t\x12\x18\n\x10protocol_version\x18\x05 \x01(\t\x12\x12\n\ntool_names\x18\x06 \x03(\t\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\x05\"R\n\x17ListConnectionsResponse\x12\x37\n\x0b\x63onnections\x18\x01 \x03(\x0b\x32\".toolmesh.mcp_bridge.v1.Connection\"\x94\x01\n\x0f\x43\x61llToolRequest\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"<\n\x08Progress\x12\x10\n\x08progress\x18\x01 \x01(\x01\x12\r\n\x05total\x18\x02 \x01(\x01\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xd7\x01\n\x10\x43\x61llToolResponse\x12\x34\n\x08progress\x18\x01 \x01(\x0b\x32 .toolmesh.mcp_bridge.v1.ProgressH\x00\x12.\n\x06result\x18\x02 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResultH\x00\x12\x33\n\x12structured_content\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x1f\n\x17structured_content_json\x18\x04 \x01(\tB\x07\n\x05\x65vent\"\x99\x01\n\x14\x43\x61llToolUnaryRequest\x12\x12\n\nconnection\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"f\n\x15\x43\x61llToolUnaryResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x1f\n\x17structured_content_json\x18\x02 \x01(\t*Z\n\tTransport\x12\x19\n\x15TRANSPORT_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRANSPORT_STDIO\x10\x01\x12\x1d\n\x19TRANSPORT_STREAMABLE_HTTP\x10\x02*\xb4\x01\n\x0f\x43onnectionState\x12 \n\x1c\x43ONNECTION_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43ONNECTION_STATE_CONNECTED\x10\x01\x12\x1f\n\x1b\x43ONNECTION_STATE_CONNECTING\x10\x02\x12\x1b\n\x17\x43ONNECTION_STATE_FAILED\x10\x03\x12!\n\x1d\x43ONNECTION_STATE_DISCONNECTED\x10\x04\x32\xf8\x04\n\x10McpBridgeService\x12Z\n\x07\x43onnect\x12&.toolmesh.mcp_bridge.v1.ConnectRequest\x1a\'.toolmesh.mcp_bridge.v1.ConnectResponse\x12\x63\n\nDisconnect\x12).toolmesh.mcp_bridge.v1.DisconnectRequest\x1a*.toolmesh.mcp_bridge.v1.DisconnectResponse\x12`\n\tReconnect\x12(.toolmesh.mcp_bridge.v1.ReconnectRequest\x1a).toolmesh.mcp_bridge.v1.ReconnectResponse\x12r\n\x0fListConnections\x12..toolmesh.mcp_bridge.v1.ListConnectionsRequest\x1a/.toolmesh.mcp_bridge.v1.ListConnectionsResponse\x12_\n\x08\x43\x61llTool\x12\'.toolmesh.mcp_bridge.v1.CallToolRequest\x1a(.toolmesh.mcp_bridge.v1.CallToolResponse0\x01\x12l\n\rCallToolUnary\x12,.toolmesh.mcp_bridge.v1.CallToolUnaryRequest\x1a-.toolmesh.mcp_bridge.v1.CallToolUnaryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERCONFIG_ENVENTRY']._serialized_options = b'8\001'
   _globals['_SERVERCONFIG_HEADERSENTRY']._loaded_options = None
   _globals['_SERVERCONFIG_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_TRANSPORT']._serialized_start=2013
-  _globals['_TRANSPORT']._serialized_end=2103
-  _globals['_CONNECTIONSTATE']._serialized_start=2106
-  _globals['_CONNECTIONSTATE']._serialized_end=2286
+  _globals['_TRANSPORT']._serialized_start=2030
+  _globals['_TRANSPORT']._serialized_end=2120
+  _globals['_CONNECTIONSTATE']._serialized_start=2123
+  _globals['_CONNECTIONSTATE']._serialized_end=2303
   _globals['_SERVERCONFIG']._serialized_start=128
   _globals['_SERVERCONFIG']._serialized_end=493
   _globals['_SERVERCONFIG_ENVENTRY']._serialized_start=403
@@ -50,31 +50,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONNECTREQUEST']._serialized_start=495
   _globals['_CONNECTREQUEST']._serialized_end=565
   _globals['_CONNECTRESPONSE']._serialized_start=567
-  _globals['_CONNECTRESPONSE']._serialized_end=661
-  _globals['_DISCONNECTREQUEST']._serialized_start=663
-  _globals['_DISCONNECTREQUEST']._serialized_end=696
-  _globals['_DISCONNECTRESPONSE']._serialized_start=698
-  _globals['_DISCONNECTRESPONSE']._serialized_end=741
-  _globals['_RECONNECTREQUEST']._serialized_start=743
-  _globals['_RECONNECTREQUEST']._serialized_end=829
-  _globals['_RECONNECTRESPONSE']._serialized_start=831
-  _globals['_RECONNECTRESPONSE']._serialized_end=936
-  _globals['_LISTCONNECTIONSREQUEST']._serialized_start=938
-  _globals['_LISTCONNECTIONSREQUEST']._serialized_end=962
-  _globals['_CONNECTION']._serialized_start=965
-  _globals['_CONNECTION']._serialized_end=1236
-  _globals['_LISTCONNECTIONSRESPONSE']._serialized_start=1238
-  _globals['_LISTCONNECTIONSRESPONSE']._serialized_end=1320
-  _globals['_CALLTOOLREQUEST']._serialized_start=1323
-  _globals['_CALLTOOLREQUEST']._serialized_end=1471
-  _globals['_PROGRESS']._serialized_start=1473
-  _globals['_PROGRESS']._serialized_end=1533
-  _globals['_CALLTOOLRESPONSE']._serialized_start=1536
-  _globals['_CALLTOOLRESPONSE']._serialized_end=1751
-  _globals['_CALLTOOLUNARYREQUEST']._serialized_start=1754
-  _globals['_CALLTOOLUNARYREQUEST']._serialized_end=1907
-  _globals['_CALLTOOLUNARYRESPONSE']._serialized_start=1909
-  _globals['_CALLTOOLUNARYRESPONSE']._serialized_end=2011
-  _globals['_MCPBRIDGESERVICE']._serialized_start=2289
-  _globals['_MCPBRIDGESERVICE']._serialized_end=2921
+  _globals['_CONNECTRESPONSE']._serialized_end=678
+  _globals['_DISCONNECTREQUEST']._serialized_start=680
+  _globals['_DISCONNECTREQUEST']._serialized_end=713
+  _globals['_DISCONNECTRESPONSE']._serialized_start=715
+  _globals['_DISCONNECTRESPONSE']._serialized_end=758
+  _globals['_RECONNECTREQUEST']._serialized_start=760
+  _globals['_RECONNECTREQUEST']._serialized_end=846
+  _globals['_RECONNECTRESPONSE']._serialized_start=848
+  _globals['_RECONNECTRESPONSE']._serialized_end=953
+  _globals['_LISTCONNECTIONSREQUEST']._serialized_start=955
+  _globals['_LISTCONNECTIONSREQUEST']._serialized_end=979
+  _globals['_CONNECTION']._serialized_start=982
+  _globals['_CONNECTION']._serialized_end=1253
+  _globals['_LISTCONNECTIONSRESPONSE']._serialized_start=1255
+  _globals['_LISTCONNECTIONSRESPONSE']._serialized_end=1337
+  _globals['_CALLTOOLREQUEST']._serialized_start=1340
+  _globals['_CALLTOOLREQUEST']._serialized_end=1488
+  _globals['_PROGRESS']._serialized_start=1490
+  _globals['_PROGRESS']._serialized_end=1550
+  _globals['_CALLTOOLRESPONSE']._serialized_start=1553
+  _globals['_CALLTOOLRESPONSE']._serialized_end=1768
+  _globals['_CALLTOOLUNARYREQUEST']._serialized_start=1771
+  _globals['_CALLTOOLUNARYREQUEST']._serialized_end=1924
+  _globals['_CALLTOOLUNARYRESPONSE']._serialized_start=1926
+  _globals['_CALLTOOLUNARYRESPONSE']._serialized_end=2028
+  _globals['_MCPBRIDGESERVICE']._serialized_start=2306
+  _globals['_MCPBRIDGESERVICE']._serialized_end=2938
 # @@protoc_insertion_point(module_scope)

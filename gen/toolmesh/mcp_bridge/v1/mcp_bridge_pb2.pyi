@@ -72,16 +72,18 @@ class ConnectRequest(_message.Message):
     def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("tools_discovered", "tool_names", "renamed", "held")
+    __slots__ = ("tools_discovered", "tool_names", "renamed", "held", "skipped")
     TOOLS_DISCOVERED_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
     RENAMED_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
     tools_discovered: int
     tool_names: _containers.RepeatedScalarFieldContainer[str]
     renamed: _containers.RepeatedScalarFieldContainer[str]
     held: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, tools_discovered: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., renamed: _Optional[_Iterable[str]] = ..., held: _Optional[_Iterable[str]] = ...) -> None: ...
+    skipped: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tools_discovered: _Optional[int] = ..., tool_names: _Optional[_Iterable[str]] = ..., renamed: _Optional[_Iterable[str]] = ..., held: _Optional[_Iterable[str]] = ..., skipped: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DisconnectRequest(_message.Message):
     __slots__ = ("name",)
