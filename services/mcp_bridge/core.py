@@ -28,6 +28,8 @@ from services.mcp_bridge.model import (
     ServerConfig,
     StoredTool,
     ToolRegistration,
+    redact_url,
+    url_host,
 )
 from services.mcp_bridge.naming import (
     assign_names,
@@ -81,6 +83,24 @@ class CallOutcome:
     structured: dict[str, Any] | None = None
 
 
+def _distinct_named(tools: list[McpTool]) -> tuple[list[McpTool], list[str]]:
+    """The listing without nameless tools (no call could name them) and with each name once
+    (a server listing a name twice had it registered twice, under two names), and what was
+    left out, as "name: why"."""
+    kept: list[McpTool] = []
+    seen: set[str] = set()
+    skipped: list[str] = []
+    for tool in tools:
+        if not tool.name:
+            skipped.append(": it has no name")
+        elif tool.name in seen:
+            skipped.append(f"{convert.clip(tool.name, 100)}: listed more than once (first kept)")
+        else:
+            seen.add(tool.name)
+            kept.append(tool)
+    return kept, skipped
+
+
 def _unregistrable(tool: Any) -> str | None:
     """Why a server's tool cannot be registered, or None: one such tool failed the whole
     connection's registration."""
@@ -113,7 +133,7 @@ def validate_config(config: ServerConfig) -> None:
         )
     if config.transport == "streamable_http" and not config.url.startswith(("http://", "https://")):
         raise InvalidArgument(
-            f"a streamable HTTP connection needs an http(s) URL, got {config.url!r}",
+            f"a streamable HTTP connection needs an http(s) URL, got {redact_url(config.url)!r}",
             reason="MCP_CONFIG_INVALID",
             field_violations=[("server.url", "must start with http:// or https://")],
         )
@@ -257,6 +277,7 @@ class McpBridge:
         A changed definition is held in `testing` (with hold_changed); tools gone from the
         server are soft-deleted."""
         config = live.config
+        tools, skipped = _distinct_named(tools)
         stored = await self._sink.connection_tools(config.created_by)
         live_rows = {s.name: s for s in stored if not s.deleted}
         by_name = {s.name: s for s in stored}
@@ -269,7 +290,7 @@ class McpBridge:
         names, renamed = assign_names(
             config.name, [t.name for t in tools], taken=taken, previous=previous
         )
-        report = InventoryReport(renamed=renamed)
+        report = InventoryReport(renamed=renamed, skipped=skipped)
         registrations: list[ToolRegistration] = []
         for tool in sorted(tools, key=lambda t: names[t.name]):
             name = names[tool.name]
@@ -350,7 +371,7 @@ class McpBridge:
             gen_ai__operation__name="execute_tool",
             network__transport=transport,
             network__protocol__name="http" if transport == "tcp" else None,
-            server__address=live.config.url or None,
+            server__address=url_host(live.config.url) or None,
             toolmesh__mcp__connection=connection,
         )
 

@@ -6,10 +6,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 TransportName = Literal["stdio", "streamable_http"]
 ConnectionStateName = Literal["connecting", "connected", "failed", "disconnected"]
 REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may be shown: a password in it and the values of its query parameters
+    (where servers take tokens: ?api_key=…) replaced by ***."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, host = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
+        query = "&".join(
+            f"{key}={REDACTED}" if value else key
+            for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return REDACTED
+
+
+def url_host(url: str) -> str:
+    """The host of `url` (for server.address), '' when it has none."""
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -62,7 +90,7 @@ class ServerConfig:
             command=self.command,
             args=self.args,
             env={k: REDACTED for k in self.env},
-            url=self.url,
+            url=redact_url(self.url),
             headers={k: REDACTED for k in self.headers},
             tenant_id=self.tenant_id,
         )

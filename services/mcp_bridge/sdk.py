@@ -18,6 +18,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Any
 
+from services.mcp_bridge.model import redact_url
 from shared.errors import DeadlineExceeded, FailedPrecondition, ToolmeshError, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ def connect_error(config: Any, exc: BaseException) -> ToolmeshError:
     exc = leaf_exception(exc)
     if isinstance(exc, ToolmeshError):
         return exc
-    where = config.url if config.transport == "streamable_http" else config.command
+    where = redact_url(config.url) if config.transport == "streamable_http" else config.command
     meta = {"connection": config.name, "target": where}
     if isinstance(exc, TimeoutError):
         return DeadlineExceeded(

@@ -684,14 +684,19 @@ def test_a_tool_the_registry_cannot_take_is_skipped_and_the_others_are_registere
             [
                 {"name": "enormous", "description": "too big", "inputSchema": big},
                 {"name": "nul_doc", "description": "a\u0000b", "inputSchema": {"type": "object"}},
+                {"name": "twice", "description": "first", "inputSchema": {"type": "object"}},
+                {"name": "twice", "description": "second", "inputSchema": {"type": "object"}},
+                {"name": "", "description": "nameless", "inputSchema": {"type": "object"}},
             ]
         )
     )
     stub = bridge(mcp_mesh)
     connected_now = stub.Connect(stdio("skips", RAW, "--inventory", str(inventory)), timeout=60)
     try:
-        assert [s.split(":")[0] for s in connected_now.skipped] == ["enormous"]
-        assert "over the 262144-byte limit" in connected_now.skipped[0]
+        skipped = {s.split(": ")[0]: s for s in connected_now.skipped}
+        assert sorted(skipped) == ["", "enormous", "twice"]
+        assert "over the 262144-byte limit" in skipped["enormous"]
+        assert [n for n in connected_now.tool_names if "twice" in n] == ["mcp_skips_twice"]
         assert "mcp_skips_nul_doc" in connected_now.tool_names
         assert "mcp_skips_echo" in connected_now.tool_names
         answered = dispatch(mcp_mesh, "mcp_skips_nul_doc", {}, conversation="mcp-skips")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from services.mcp_bridge.model import McpTool
+from services.mcp_bridge.model import McpTool, ServerConfig, redact_url
 from services.mcp_bridge.naming import (
     assign_names,
     base_name,
@@ -93,3 +93,23 @@ def test_implementation_round_trips_tool_names_with_colons() -> None:
     assert parse_implementation("mcp:srv:ns:tool") == ("srv", "ns:tool")
     assert parse_implementation("system:ping") is None
     assert parse_implementation("mcp:srv") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (
+            "https://u:secret@host:8080/mcp?api_key=abc&x=1",
+            "https://u:***@host:8080/mcp?api_key=***&x=***",
+        ),
+        ("https://token@host/p", "https://***@host/p"),
+        ("http://127.0.0.1:9/mcp", "http://127.0.0.1:9/mcp"),
+        ("http://[::1/", "***"),
+    ],
+)
+def test_a_url_is_shown_without_its_secrets(url: str, shown: str) -> None:
+    """ListConnections and error messages showed a password or a token in a server's URL."""
+    assert redact_url(url) == shown
+    config = ServerConfig(name="c", transport="streamable_http", url=url)
+    assert config.redacted().url == shown
+    assert config.url == url  # kept whole: the bridge needs it to reconnect
