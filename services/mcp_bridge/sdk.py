@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
@@ -202,8 +203,16 @@ def _readable(item: Any) -> Any:
     try:
         errors = item.errors()
         line = errors[0].get("input") if errors else None
-        answer = json.loads(line) if isinstance(line, str) else None
     except Exception:  # noqa: BLE001 - not the pydantic error of an unreadable line
+        return item
+    if isinstance(line, dict):  # parsed, but not a message ("result": null, say)
+        answer: Any = line
+    elif isinstance(line, str):
+        try:
+            answer = json.loads(line)
+        except (ValueError, RecursionError):  # nested past any parser's depth, say
+            answer = _top_level(line)
+    else:
         return item
     if (
         not isinstance(answer, dict)
@@ -220,6 +229,64 @@ def _readable(item: Any) -> Any:
     message = f"the server's answer is unreadable: {detail}"
     error = types.ErrorData(code=PARSE_ERROR, message=message)
     return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=answer["id"], error=error))
+
+
+_SCALAR_END = re.compile(r"[,}\]\s]")
+
+
+def _top_level(line: str) -> dict[str, Any] | None:
+    """The top-level keys of a JSON object too deep to parse, with the value of `id` (a number
+    or a string) and None for every other key; None when `line` is not such an object. One
+    pass, no recursion: enough to tell which request an unreadable answer was for."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    keys: dict[str, Any] = {}
+    depth, i, n = 0, 0, len(text)
+    expect_key = False
+    while i < n:
+        c = text[i]
+        if c == '"':
+            end = i + 1
+            while end < n and text[end] != '"':
+                end += 2 if text[end] == "\\" else 1
+            token = text[i : end + 1]
+            i = end + 1
+            if depth == 1 and expect_key:
+                try:
+                    key = json.loads(token)
+                except ValueError:
+                    return None
+                rest = text[i:].lstrip()
+                if not rest.startswith(":"):
+                    return None
+                i = n - len(rest) + 1
+                value_text = text[i:].lstrip()
+                keys[key] = None
+                if key == "id":
+                    if value_text.startswith('"'):
+                        close = 1
+                        while close < len(value_text) and value_text[close] != '"':
+                            close += 2 if value_text[close] == "\\" else 1
+                        try:
+                            keys[key] = json.loads(value_text[: close + 1])
+                        except ValueError:
+                            return None
+                    else:
+                        match = _SCALAR_END.search(value_text)
+                        number = value_text[: match.start() if match else len(value_text)]
+                        keys[key] = int(number) if number.lstrip("-").isdigit() else None
+                expect_key = False
+            continue
+        if c in "{[":
+            depth += 1
+            expect_key = c == "{" and depth == 1
+        elif c in "}]":
+            depth -= 1
+        elif c == "," and depth == 1:
+            expect_key = True
+        i += 1
+    return keys
 
 
 def _client_info(mcp: Any) -> Any:

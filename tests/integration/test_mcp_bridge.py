@@ -499,6 +499,17 @@ def test_a_byte_that_is_not_utf8_is_replaced_and_the_connection_keeps_working(
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.parametrize("tool", ["null_result", "deep_result"])
+def test_an_answer_the_sdk_cannot_read_fails_its_call_at_once(mcp_mesh: Mesh, tool: str) -> None:
+    """Before, these waited out the 120 s timeout: the bridge recognised an unreadable answer
+    only when Python could parse its line and the SDK's error carried the line."""
+    wait_for(lambda: connected(mcp_mesh, "raw"))
+    started = time.monotonic()
+    odd = dispatch(mcp_mesh, f"mcp_raw_{tool}", {}, conversation=f"mcp-{tool}")
+    assert odd.result.envelope.err.err_kind == "malformed_result", odd.result
+    assert time.monotonic() - started < 20
+
+
 @pytest.mark.parametrize("code", [-32000, -32001])
 def test_a_server_error_with_a_reserved_code_is_the_servers_error_not_a_lost_connection(
     mcp_mesh: Mesh, code: int

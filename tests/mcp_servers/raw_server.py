@@ -103,6 +103,16 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "description": "Answer with a JSON-RPC error of code `code` (default -32000).",
         "inputSchema": {"type": "object", "properties": {"code": {"type": "integer"}}},
     },
+    {
+        "name": "null_result",
+        "description": 'Answer with "result": null.',
+        "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "deep_result",
+        "description": "Answer with a result nested 5000 levels deep.",
+        "inputSchema": {"type": "object"},
+    },
     {"name": "dup.name", "description": "Becomes dup_name.", "inputSchema": {"type": "object"}},
     {"name": "dup_name", "description": "Already dup_name.", "inputSchema": {"type": "object"}},
 ]
@@ -175,6 +185,13 @@ class Server:
             with _out_lock:
                 sys.stdout.buffer.write(line.encode().replace(b"caf@", b"caf\xe9") + b"\n")
                 sys.stdout.buffer.flush()
+        elif name == "null_result":
+            send({"jsonrpc": "2.0", "id": request_id, "result": None})
+        elif name == "deep_result":
+            head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1]
+            with _out_lock:
+                sys.stdout.write(head + ', "result": ' + "[" * 5000 + "]" * 5000 + "}\n")
+                sys.stdout.flush()
         elif name == "server_error":
             error(request_id, int(arguments.get("code", -32000)), "the widget backend is down")
         elif name == "fail":
