@@ -179,6 +179,32 @@ def rule_to_pb(r: PolicyRule) -> dpb.PolicyRule:
     return msg
 
 
+# What a batch's response may hold: every result is at most convert.MAX_RESULT_BYTES, but
+# several together can pass the 64 MB a gRPC message may have, and then the client got only
+# RESOURCE_EXHAUSTED and none of the results of calls that had run.
+MAX_BATCH_RESPONSE_BYTES = 48 * 1024 * 1024
+
+
+def _fit_batch(response: dpb.DispatchToolCallsResponse) -> None:
+    """Make the batch's response fit MAX_BATCH_RESPONSE_BYTES: the largest results are
+    replaced, one by one, by an Err saying so (the calls ran and are logged in full; the
+    result can be read with ListConversationEvents)."""
+    sizes = [r.ByteSize() for r in response.results]
+    total = sum(sizes)
+    while total > MAX_BATCH_RESPONSE_BYTES:
+        i = max(range(len(sizes)), key=sizes.__getitem__)
+        item = response.results[i]
+        message = (
+            f"the result of {item.tool_use_id or f'call {i}'} is {sizes[i]} bytes: with the "
+            f"batch's other results it is over the {MAX_BATCH_RESPONSE_BYTES}-byte limit of "
+            "one response. The call ran and its full result is in the conversation's events "
+            "(ListConversationEvents); call it alone, or ask for less"
+        )
+        item.result.CopyFrom(convert.error_result_pb(message, "batch_result_too_large"))
+        total += item.ByteSize() - sizes[i]
+        sizes[i] = item.ByteSize()
+
+
 def _outcome_to_pb(o: DispatchOutcome) -> dpb.DispatchToolCallResponse:
     return dpb.DispatchToolCallResponse(
         result=o.result,
@@ -304,7 +330,9 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     ) -> dpb.DispatchToolCallsResponse:
         ctx = self._call_context(context, request.context)
         outcomes = await self._core.dispatch_many(list(request.tool_uses), ctx)
-        return dpb.DispatchToolCallsResponse(results=[_outcome_to_pb(o) for o in outcomes])
+        response = dpb.DispatchToolCallsResponse(results=[_outcome_to_pb(o) for o in outcomes])
+        _fit_batch(response)
+        return response
 
     async def DispatchToolCallStream(
         self, request: dpb.DispatchToolCallStreamRequest, context: grpc.aio.ServicerContext
