@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -166,6 +166,8 @@ class EventEntry:
     data_json: str
     created_at: datetime | None
     tool_use_id: str
+    data_bytes: int = 0  # of the whole payload, in UTF-8
+    truncated: bool = False  # data_json is only the payload's start (see page_events)
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ class CallLog(Protocol):
         after_id: int = 0,
         max_bytes: int | None = None,
     ) -> Page[EventEntry]: ...
+    def event_data(self, *, tenant_id: str, conversation_id: str, event_id: int) -> str | None: ...
 
 
 def summarize(content: str) -> str:
@@ -530,12 +533,45 @@ class SqlCallLog:
         def entry(found: Any) -> tuple[EventEntry, int]:
             row, blob = found
             data = row.data if row.data is not None else (blob or b"").decode("utf-8")
-            event = EventEntry(row.id, row.event_type, data, row.created_at, row.tool_use_id)
-            return event, _ENTRY_OVERHEAD + len(data)
+            size = len(data.encode("utf-8"))
+            event = EventEntry(
+                row.id, row.event_type, data, row.created_at, row.tool_use_id, data_bytes=size
+            )
+            return event, _ENTRY_OVERHEAD + size
 
         with translate_db_errors(), self._sessions() as s:
             rows = s.execute(stmt.execution_options(yield_per=_READ_BATCH))
-            return _page(rows, entry, limit, max_bytes)
+            page = _page(rows, entry, limit, max_bytes)
+        if max_bytes is not None and len(page.entries) == 1:
+            only = page.entries[0]
+            budget = max_bytes - _ENTRY_OVERHEAD
+            if only.data_bytes > budget:  # it came alone: only its start fits a page
+                start = only.data_json.encode("utf-8")[:budget].decode("utf-8", "ignore")
+                page = Page([replace(only, data_json=start, truncated=True)], page.next_id)
+        return page
+
+    def event_data(self, *, tenant_id: str, conversation_id: str, event_id: int) -> str | None:
+        """One event's whole payload, None when there is no such event in that conversation
+        (of that tenant, when given)."""
+        stmt = (
+            select(ConversationEventRow.data, ConversationEventBlobRow.data)
+            .outerjoin(
+                ConversationEventBlobRow,
+                ConversationEventRow.blob_id == ConversationEventBlobRow.id,
+            )
+            .where(
+                ConversationEventRow.id == event_id,
+                ConversationEventRow.conversation_id == conversation_id,
+            )
+        )
+        if tenant_id:
+            stmt = stmt.where(ConversationEventRow.tenant_id == tenant_id)
+        with translate_db_errors(), self._sessions() as s:
+            found = s.execute(stmt).first()
+        if found is None:
+            return None
+        text, blob = found
+        return text if text is not None else (blob or b"").decode("utf-8")
 
 
 def _page(

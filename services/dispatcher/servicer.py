@@ -17,7 +17,7 @@ from services.dispatcher.logstore import LISTED_INPUT_CHARS, CallLog
 from shared import convert
 from shared.auth import ApiKeys, Principal
 from shared.clients import mark_cancelled_client, traced_call
-from shared.errors import FailedPrecondition, InvalidArgument, Unavailable
+from shared.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from shared.rpc_errors import from_rpc_error
 from shared.server import deadline_passed
 from shared.telemetry.tracing import inject_metadata, tracer
@@ -33,6 +33,7 @@ MAX_EXPORTS = 1000
 # A listing page stops at about this many bytes (at least one entry), under the 4 MB message
 # limit every gRPC client has by default.
 PAGE_BYTES = 3_500_000
+EVENT_CHUNK_BYTES = 1024 * 1024
 GET_TOOL_TIMEOUT_S = 5.0
 
 RULE_KINDS = {
@@ -515,7 +516,32 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     data_json=e.data_json,
                     tool_use_id=e.tool_use_id,
                     created_at=convert.to_timestamp(e.created_at),
+                    data_truncated=e.truncated,
+                    data_bytes=e.data_bytes,
                 )
                 for e in page.entries
             ],
         )
+
+    async def GetConversationEventData(
+        self, request: dpb.GetConversationEventDataRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dpb.GetConversationEventDataResponse]:
+        convert.check_ids(
+            [("tenant_id", request.tenant_id), ("conversation_id", request.conversation_id)]
+        )
+        data = await asyncio.to_thread(
+            self._log.event_data,
+            tenant_id=self._tenant(context, request.tenant_id),
+            conversation_id=request.conversation_id,
+            event_id=request.event_id,
+        )
+        if data is None:
+            raise NotFound(
+                f"no event {request.event_id} in conversation {request.conversation_id!r}",
+                reason="EVENT_NOT_FOUND",
+            )
+        payload = data.encode("utf-8")
+        for start in range(0, len(payload), EVENT_CHUNK_BYTES):
+            yield dpb.GetConversationEventDataResponse(
+                chunk=payload[start : start + EVENT_CHUNK_BYTES]
+            )

@@ -443,6 +443,52 @@ def test_listings_page_big_payloads_within_a_default_clients_4_mb(mesh: Mesh) ->
     assert rest.next_before_id == 0
 
 
+def test_an_event_over_a_page_comes_cut_and_streams_whole(mesh: Mesh) -> None:
+    """An input near the 4 MiB limit makes a tool_call event over a page's 3.5 MB: it came
+    alone and whole, so a client with the default 4 MB limit could neither read it nor page
+    past it."""
+    conversation = "huge-event"
+    echo = "é" * 1_900_000  # 3.8 MB of UTF-8
+    with pytest.raises(grpc.RpcError) as too_big:  # its echo, twice, is over 4 MB too
+        mesh.call("ping", json.dumps({"echo": echo}, ensure_ascii=False), conversation=conversation)
+    assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    page = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(
+            tenant_id="tenant-a", conversation_id=conversation, event_type="tool_call"
+        )
+    )
+    (event,) = page.events
+    assert page.ByteSize() < 4 * 1024 * 1024
+    assert event.data_truncated and event.data_bytes > 3_800_000
+    assert event.data_json.startswith('{"tool_name":"ping"')
+    chunks = list(
+        mesh.dispatcher.GetConversationEventData(
+            dpb.GetConversationEventDataRequest(
+                tenant_id="tenant-a", conversation_id=conversation, event_id=event.id
+            )
+        )
+    )
+    assert all(len(c.chunk) <= 1024 * 1024 for c in chunks)
+    whole = b"".join(c.chunk for c in chunks)
+    assert len(whole) == event.data_bytes
+    assert json.loads(whole)["input"]["echo"] == echo
+    small = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(
+            tenant_id="tenant-a", conversation_id=conversation, event_type="outcome"
+        )
+    ).events[0]
+    assert not small.data_truncated and small.data_bytes == len(small.data_json.encode())
+    with pytest.raises(grpc.RpcError) as missing:
+        list(
+            mesh.dispatcher.GetConversationEventData(
+                dpb.GetConversationEventDataRequest(
+                    tenant_id="tenant-b", conversation_id=conversation, event_id=event.id
+                )
+            )
+        )
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 NUL_ID = "a\x00b"
 
 

@@ -275,18 +275,38 @@ class ListConversationEventsRequest(_message.Message):
     def __init__(self, conversation_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., event_type: _Optional[str] = ..., limit: _Optional[int] = ..., after_id: _Optional[int] = ...) -> None: ...
 
 class ConversationEvent(_message.Message):
-    __slots__ = ("id", "event_type", "data_json", "created_at", "tool_use_id")
+    __slots__ = ("id", "event_type", "data_json", "created_at", "tool_use_id", "data_truncated", "data_bytes")
     ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    DATA_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: int
     event_type: str
     data_json: str
     created_at: _timestamp_pb2.Timestamp
     tool_use_id: str
-    def __init__(self, id: _Optional[int] = ..., event_type: _Optional[str] = ..., data_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_use_id: _Optional[str] = ...) -> None: ...
+    data_truncated: bool
+    data_bytes: int
+    def __init__(self, id: _Optional[int] = ..., event_type: _Optional[str] = ..., data_json: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_use_id: _Optional[str] = ..., data_truncated: _Optional[bool] = ..., data_bytes: _Optional[int] = ...) -> None: ...
+
+class GetConversationEventDataRequest(_message.Message):
+    __slots__ = ("tenant_id", "conversation_id", "event_id")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    conversation_id: str
+    event_id: int
+    def __init__(self, tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., event_id: _Optional[int] = ...) -> None: ...
+
+class GetConversationEventDataResponse(_message.Message):
+    __slots__ = ("chunk",)
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    chunk: bytes
+    def __init__(self, chunk: _Optional[bytes] = ...) -> None: ...
 
 class ListConversationEventsResponse(_message.Message):
     __slots__ = ("events", "next_after_id")

@@ -75,6 +75,11 @@ class DispatcherServiceStub:
                 request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.SerializeToString,
                 response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.FromString,
                 _registered_method=True)
+        self.GetConversationEventData = channel.unary_stream(
+                '/toolmesh.dispatcher.v1.DispatcherService/GetConversationEventData',
+                request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataRequest.SerializeToString,
+                response_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataResponse.FromString,
+                _registered_method=True)
         self.AddPolicyRule = channel.unary_unary(
                 '/toolmesh.dispatcher.v1.DispatcherService/AddPolicyRule',
                 request_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.AddPolicyRuleRequest.SerializeToString,
@@ -159,6 +164,15 @@ class DispatcherServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetConversationEventData(self, request, context):
+        """Reads one event's whole payload in chunks: for an event too large for a page, which
+        ListConversationEvents sends with only the start of its payload (data_truncated). Unknown
+        event (or one of another conversation or tenant): NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AddPolicyRule(self, request, context):
         """Creates a policy rule checked before every matching call. A malformed rule: INVALID_ARGUMENT
         with a field violation per problem.
@@ -224,6 +238,11 @@ def add_DispatcherServiceServicer_to_server(servicer, server):
                     servicer.ListConversationEvents,
                     request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.FromString,
                     response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.SerializeToString,
+            ),
+            'GetConversationEventData': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetConversationEventData,
+                    request_deserializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataRequest.FromString,
+                    response_serializer=toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataResponse.SerializeToString,
             ),
             'AddPolicyRule': grpc.unary_unary_rpc_method_handler(
                     servicer.AddPolicyRule,
@@ -458,6 +477,33 @@ class DispatcherService:
             '/toolmesh.dispatcher.v1.DispatcherService/ListConversationEvents',
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsRequest.SerializeToString,
             toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.ListConversationEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversationEventData(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/toolmesh.dispatcher.v1.DispatcherService/GetConversationEventData',
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataRequest.SerializeToString,
+            toolmesh_dot_dispatcher_dot_v1_dot_dispatcher__pb2.GetConversationEventDataResponse.FromString,
             options,
             channel_credentials,
             insecure,
