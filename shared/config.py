@@ -217,6 +217,10 @@ class Settings:
                         mcp_restart_backoff_max_s (TOOLMESH_MCP_RESTART_BACKOFF_MAX_S, default 30).
     mcp_hold_changed    TOOLMESH_MCP_HOLD_CHANGED, default on — an MCP tool whose definition
                         changed on reconnect is held in `testing` until approved.
+    mcp_export_max_bytes  TOOLMESH_MCP_EXPORT_MAX_BYTES, default 1 GiB — the most the files an
+                        MCP result's images, audio and blobs are exported to may hold together;
+                        past it the oldest are deleted (their downloads then answer
+                        FAILED_PRECONDITION).
     mcp_catalog_path    TOOLMESH_MCP_CATALOG, default <data_dir>/mcp_catalog.json — the local
                         catalog of installable MCP servers an admin maintains.
     surface_embeddings  TOOLMESH_SURFACE_EMBEDDINGS, default on — search_tools fuses embedding
@@ -271,6 +275,7 @@ class Settings:
     mcp_restart_backoff_s: float = 0.5
     mcp_restart_backoff_max_s: float = 30.0
     mcp_hold_changed: bool = True
+    mcp_export_max_bytes: int = 1 << 30
     mcp_catalog_path: Path | None = None
     surface_embeddings: bool = True
     surface_floor_ttl_s: float = 30.0
@@ -351,6 +356,9 @@ class Settings:
             trace_payloads=_bool(env.get("TOOLMESH_TRACE_PAYLOADS"), False),
             conversation_budget_usd=_float(env, "TOOLMESH_CONVERSATION_BUDGET_USD", 0.0),
             mcp_call_timeout_s=_float(env, "TOOLMESH_MCP_CALL_TIMEOUT_S", 120.0),
+            mcp_export_max_bytes=_bounded_int(
+                env, "TOOLMESH_MCP_EXPORT_MAX_BYTES", 1 << 30, 1 << 20, 1 << 50
+            ),
             mcp_connect_timeout_s=_float(env, "TOOLMESH_MCP_CONNECT_TIMEOUT_S", 30.0),
             mcp_restart_backoff_s=_float(env, "TOOLMESH_MCP_RESTART_BACKOFF_S", 0.5),
             mcp_restart_backoff_max_s=_float(env, "TOOLMESH_MCP_RESTART_BACKOFF_MAX_S", 30.0),

@@ -50,6 +50,7 @@ async def serve(settings: Settings, port: int) -> None:
         backoff_max_s=settings.mcp_restart_backoff_max_s,
         hold_changed=settings.mcp_hold_changed,
         export_dir=settings.data_dir / "exports" / "mcp",
+        export_max_bytes=settings.mcp_export_max_bytes,
     )
     server, bound, health = await create_server(
         [

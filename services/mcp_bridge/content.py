@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import mimetypes
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,8 +18,12 @@ from typing import Any
 
 from shared.contract import Effects, Envelope, Err, Ok
 
+logger = logging.getLogger(__name__)
+
 # Inline base64 in a card only up to this size; larger blobs are exported files only.
 MAX_INLINE_BYTES = 256 * 1024
+# The most the export directory holds (TOOLMESH_MCP_EXPORT_MAX_BYTES).
+DEFAULT_EXPORT_MAX_BYTES = 1 << 30
 _SAFE_FILE = re.compile(r"[^a-zA-Z0-9._-]")
 
 
@@ -32,11 +38,16 @@ def _extension(mime_type: str) -> str:
 
 
 class _Exporter:
-    """Writes binary blocks under `directory` (content-addressed names) and records them."""
+    """Writes binary blocks under `directory` (content-addressed names) and records them; the
+    directory holds at most `max_bytes`, the oldest files deleted past it (every tenant's
+    exports share it, and nothing else ever removed one)."""
 
-    def __init__(self, directory: Path | None, source_tool: str) -> None:
+    def __init__(
+        self, directory: Path | None, source_tool: str, max_bytes: int = DEFAULT_EXPORT_MAX_BYTES
+    ) -> None:
         self._directory = directory
         self._source_tool = source_tool
+        self._max_bytes = max_bytes
         self.exports: dict[str, dict[str, Any]] = {}
 
     def export(self, raw: bytes, mime_type: str, original: str = "") -> str | None:
@@ -49,6 +60,7 @@ class _Exporter:
         path = self._directory / filename
         if not path.exists():
             path.write_bytes(raw)
+            prune_exports(self._directory, self._max_bytes, keep=path)
         self.exports[filename] = {
             "path": str(path),
             "mime_type": mime_type,
@@ -57,6 +69,42 @@ class _Exporter:
             "original_filename": original,
         }
         return filename
+
+
+def prune_exports(directory: Path, max_bytes: int, *, keep: Path | None = None) -> int:
+    """Delete the oldest files of `directory` until it holds at most 90% of `max_bytes`
+    (never `keep`, the file just written); returns how many were deleted."""
+    files = []
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        info = entry.stat(follow_symlinks=False)
+                        files.append((info.st_mtime, info.st_size, entry.path))
+                        total += info.st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    if total <= max_bytes:
+        return 0
+    deleted = 0
+    for _mtime, size, path in sorted(files):
+        if total <= max_bytes * 0.9:
+            break
+        if keep is not None and path == str(keep):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        total -= size
+        deleted += 1
+    if deleted:
+        logger.info("deleted %d old MCP export(s) to keep %s under its limit", deleted, directory)
+    return deleted
 
 
 def _binary_card(
@@ -84,12 +132,13 @@ def map_content(
     *,
     export_dir: Path | None = None,
     source_tool: str = "",
+    export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
 ) -> tuple[list[str], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """(text parts, cards, exports) of a result's content blocks; MalformedContent names the
     first block that cannot be mapped."""
     texts: list[str] = []
     cards: list[dict[str, Any]] = []
-    exporter = _Exporter(export_dir, source_tool)
+    exporter = _Exporter(export_dir, source_tool, export_max_bytes)
     for index, block in enumerate(blocks):
         kind = _get(block, "type")
         try:
@@ -140,12 +189,16 @@ def result_to_envelope(
     connection: str,
     tool: str,
     export_dir: Path | None = None,
+    export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
 ) -> Envelope:
     """The envelope of a CallToolResult (cost always 0: MCP has no billing surface)."""
     source = f"mcp:{connection}:{tool}"
     try:
         texts, cards, exports = map_content(
-            list(_get(result, "content") or []), export_dir=export_dir, source_tool=source
+            list(_get(result, "content") or []),
+            export_dir=export_dir,
+            source_tool=source,
+            export_max_bytes=export_max_bytes,
         )
     except MalformedContent as exc:
         return Err(

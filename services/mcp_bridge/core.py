@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.mcp_bridge import sdk
 from services.mcp_bridge.connection import LiveConnection
-from services.mcp_bridge.content import result_to_envelope
+from services.mcp_bridge.content import DEFAULT_EXPORT_MAX_BYTES, result_to_envelope
 from services.mcp_bridge.model import (
     ConnectionInfo,
     InventoryReport,
@@ -153,6 +153,7 @@ class McpBridge:
         backoff_max_s: float = 30.0,
         hold_changed: bool = True,
         export_dir: Path | None = None,
+        export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
     ) -> None:
         self._store = store
         self._sink = sink
@@ -162,6 +163,7 @@ class McpBridge:
         self._backoff_max_s = backoff_max_s
         self._hold_changed = hold_changed
         self._export_dir = export_dir
+        self._export_max_bytes = export_max_bytes
         self._connections: dict[str, LiveConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -486,7 +488,11 @@ class McpBridge:
                 Err(f"MCP call {tool!r} of {name!r} failed: {kind}: {exc}", "mcp_error")
             )
         envelope = result_to_envelope(
-            result, connection=name, tool=tool, export_dir=self._export_dir
+            result,
+            connection=name,
+            tool=tool,
+            export_dir=self._export_dir,
+            export_max_bytes=self._export_max_bytes,
         )
         structured = getattr(result, "structured_content", None)
         return CallOutcome(envelope, structured if isinstance(structured, dict) else None)

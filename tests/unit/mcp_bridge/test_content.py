@@ -85,3 +85,26 @@ def test_invalid_base64_or_an_unknown_block_is_a_malformed_result_naming_the_blo
     assert "content block 1" in bad.message
     unknown = envelope(result({"type": "hologram"}))
     assert isinstance(unknown, Err) and "hologram" in unknown.message
+
+
+def test_the_export_directory_keeps_within_its_limit_oldest_first(tmp_path: Path) -> None:
+    """Every tenant's MCP exports share one directory, and nothing removed them: two calls of
+    a server answering 20 MB images added 40 MB for good."""
+    import os
+
+    blobs = [bytes([i]) * 400_000 for i in range(5)]
+    for i, blob in enumerate(blobs):
+        block = {"type": "image", "data": base64.b64encode(blob).decode(), "mime_type": "image/png"}
+        env = result_to_envelope(
+            result(block),
+            connection="c",
+            tool="t",
+            export_dir=tmp_path,
+            export_max_bytes=1_000_000,
+        )
+        assert isinstance(env, Ok)
+        (name,) = env.effects.exports
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))  # distinct ages, oldest first
+    left = sorted(tmp_path.iterdir(), key=lambda p: p.stat().st_mtime)
+    assert sum(p.stat().st_size for p in left) <= 1_000_000
+    assert [p.read_bytes()[:1] for p in left] == [b"\x03", b"\x04"]  # the newest kept
