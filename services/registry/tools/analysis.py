@@ -34,6 +34,7 @@ from typing import IO, Any, Literal
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from services.registry.context import (
@@ -87,6 +88,8 @@ DUCKDB_CONFIG: dict[str, Any] = {
 READ_STATEMENT_TYPES = frozenset({"SELECT", "EXPLAIN"})
 
 MAX_WALK_FILES = 2000
+# Significant digits a float64 always keeps.
+FLOAT_DIGITS = 15
 MAX_ALTERNATIVES = 5
 MIN_SUGGESTION_SCORE = 0.3
 CSV_SUFFIXES = frozenset({".csv", ".tsv", ".txt"})
@@ -320,19 +323,23 @@ def _arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
     """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text."""
     try:
         return table.to_pandas()
-    except pa.ArrowNotImplementedError:
-        pass
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        pass  # ArrowInvalid: a nanosecond TIME, which pandas' time objects cannot hold
     columns: list[pa.Array | pa.ChunkedArray] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         try:
             pa.table({"c": column}).to_pandas()
-        except pa.ArrowNotImplementedError:
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
             logger.info(
                 "column %r of type %s has no pandas type; kept as text", field.name, field.type
             )
-            column = pa.array(
-                [None if v is None else str(v) for v in column.to_pylist()], type=pa.string()
-            )
+            try:  # Arrow's own text keeps what Python's objects cannot (nanoseconds)
+                column = column.cast(pa.string())
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                column = pa.array(
+                    [None if v is None else str(v) for v in column.to_pylist()],
+                    type=pa.string(),
+                )
         columns.append(column)
     return pa.Table.from_arrays(columns, names=table.column_names).to_pandas()
 
@@ -1119,9 +1126,20 @@ class _Watchdog:
         self._thread.join()
 
 
-def _plain_types(table: pa.Table) -> pa.Table:
+def _digits(column: pa.ChunkedArray | pa.Array) -> int:
+    """Significant digits of a decimal column's largest magnitude (0 when all null)."""
+    try:
+        largest = pc.max(pc.abs(column)).as_py()
+    except (pa.ArrowException, ValueError):
+        return 0
+    return len(largest.as_tuple().digits) if largest is not None else 0
+
+
+def _plain_types(table: pa.Table, warnings: list[Warning] | None = None) -> pa.Table:
     """DuckDB DECIMAL/HUGEINT columns (e.g. sum() of integers) as int64/float64, which pandas
-    handles as numbers rather than Python Decimal objects."""
+    handles as numbers rather than Python Decimal objects. A column that loses digits that
+    way (more than 15 significant digits as a float, an integer past int64) is named in a
+    warning: it was silently rounded."""
     fields = []
     changed = False
     for field in table.schema:
@@ -1133,11 +1151,30 @@ def _plain_types(table: pa.Table) -> pa.Table:
     if not changed:
         return table
     columns = []
-    for column, field in zip(table.columns, fields, strict=True):
+    rounded: list[str] = []
+    for column, original, field in zip(table.columns, table.schema, fields, strict=True):
+        if field.type == original.type:
+            columns.append(column)
+            continue
         try:
             columns.append(column.cast(field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # int64 overflow
             columns.append(column.cast(pa.float64(), safe=False))
+            rounded.append(f"{original.name} ({original.type})")
+            continue
+        if pa.types.is_floating(field.type) and _digits(column) > FLOAT_DIGITS:
+            rounded.append(f"{original.name} ({original.type})")
+    if rounded and warnings is not None:
+        warnings.append(
+            Warning(
+                kind="precision",
+                message=(
+                    "returned as floating point, about 15 significant digits: "
+                    + ", ".join(rounded)
+                    + "; cast to VARCHAR in the SQL to keep every digit"
+                ),
+            )
+        )
     return pa.Table.from_arrays(columns, names=table.column_names)
 
 
@@ -1385,7 +1422,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     finally:
         con.close()
 
-    table = _plain_types(table)
+    table = _plain_types(table, warnings)
     names = unique_names(table.column_names)
     if names != table.column_names:
         table = table.rename_columns(names)

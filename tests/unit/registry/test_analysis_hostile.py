@@ -289,6 +289,30 @@ def test_a_column_sql_cannot_read_is_left_out_and_other_queries_still_run(
     assert missing.hint_kind == "schema"
 
 
+def test_numbers_a_float_cannot_hold_are_named_and_odd_times_come_back_as_text(
+    ctx: ToolContext,
+) -> None:
+    exact = ok_of(
+        query({"sql": "SELECT 1.25::DECIMAL(38,2) AS d, sum(x) AS s FROM range(5) t(x)"}, ctx)
+    )
+    assert exact.data["d"][0] == 1.25 and exact.data["s"][0] == 10
+    assert not [w for w in exact.warnings if w.kind == "precision"]
+    wide = ok_of(
+        query(
+            {
+                "sql": "SELECT 12345678901234567.891::DECIMAL(38,3) AS d, "
+                "170141183460469231731687303715884105727::HUGEINT AS h"
+            },
+            ctx,
+        )
+    )
+    (rounded,) = [w for w in wide.warnings if w.kind == "precision"]
+    assert "d (decimal128(38, 3))" in rounded.message and "h (" in rounded.message
+    # A nanosecond TIME has no pandas type: an Err naming only ArrowInvalid, before.
+    nanos = ok_of(query({"sql": "SELECT '12:00:00.000000001'::TIME_NS AS t"}, ctx))
+    assert nanos.data["t"][0].startswith("12:00:00.000000001")
+
+
 def test_a_query_never_spills_to_disk_nor_shows_a_server_path(ctx: ToolContext) -> None:
     shown = ok_of(query({"sql": "SELECT current_setting('temp_directory') AS t"}, ctx))
     assert shown.data["t"][0] == ""
