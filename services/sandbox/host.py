@@ -137,6 +137,18 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def landlock_abi() -> int:
+    """The kernel's landlock ABI version (0: none), as the worker's confinement will find it."""
+    import ctypes
+
+    landlock_create_ruleset, version_flag = 444, 1  # x86_64 and arm64 share the number
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return max(0, int(libc.syscall(landlock_create_ruleset, None, 0, version_flag)))
+    except (OSError, AttributeError):
+        return 0
+
+
 def _has_sys_admin() -> bool:
     """Whether this process holds CAP_SYS_ADMIN (what bwrap needs as root, with no user
     namespace, to make the sandbox's namespaces and mounts)."""
@@ -359,6 +371,12 @@ class WorkerPool:
 
     async def start(self) -> None:
         """Start the zygote (before any gRPC server exists) and fill the pool."""
+        if landlock_abi() < 1:
+            logger.warning(
+                "landlock is not available on this kernel: custom tools still run in bubblewrap "
+                "with seccomp and rlimits, but workers (one uid) are kept from each other's "
+                "files in the shared /tmp only by their directories' modes"
+            )
         if not self._bwrap:
             raise FailedPrecondition(
                 "bubblewrap (bwrap) is not installed; the sandbox refuses to run code without it",
