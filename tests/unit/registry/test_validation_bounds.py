@@ -19,9 +19,9 @@ from services.registry.core import (
     Registry,
     is_large,
 )
-from services.registry.model import ToolDef
 from services.registry.repository import SqlToolRepository
 from shared.contract import Hint
+from tests.unit.registry.test_fast_accept import tool
 
 
 @pytest.fixture
@@ -29,17 +29,18 @@ def registry(sessions: sessionmaker[Session]) -> Registry:
     return Registry(SqlToolRepository(sessions), cache_ttl_s=0.0)
 
 
-def tool(name: str, schema: dict[str, Any]) -> ToolDef:
-    return ToolDef(
-        name=name,
-        description=name,
-        input_schema=schema,
-        tool_type="custom",
-        implementation="result = 1",
-        tenant_id="t1",
-        created_by="u1",
-        status="approved",
-    )
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The functions run through asyncio.to_thread from now on (they still run)."""
+    seen: list[Any] = []
+    real = asyncio.to_thread
+
+    async def counting(func: Any, *args: Any) -> Any:
+        seen.append(func)
+        return await real(func, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    return seen
 
 
 TAGS = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}
@@ -137,17 +138,7 @@ async def test_a_large_input_jsonschema_must_walk_does_not_stall_the_event_loop(
     assert max(gaps) < took
 
 
-async def test_a_small_input_is_validated_on_the_loop(
-    registry: Registry, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    hops: list[Any] = []
-    real = asyncio.to_thread
-
-    async def counting(func: Any, *args: Any) -> Any:
-        hops.append(func)
-        return await real(func, *args)
-
-    monkeypatch.setattr(asyncio, "to_thread", counting)
+async def test_a_small_input_is_validated_on_the_loop(registry: Registry, hops: list[Any]) -> None:
     patterned = tool("patterned", PATTERNED)
     assert await registry._validate_off_loop(patterned, {"tags": ["abc"]}) is None
     hint = await registry._validate_off_loop(patterned, {"tags": ["ABC"]})
@@ -156,18 +147,10 @@ async def test_a_small_input_is_validated_on_the_loop(
 
 
 async def test_a_large_schema_is_compiled_off_the_loop_and_still_enforced(
-    registry: Registry, monkeypatch: pytest.MonkeyPatch
+    registry: Registry, hops: list[Any]
 ) -> None:
     properties = {f"p{i}": {"type": "integer"} for i in range(LARGE_INPUT_NODES)}
     wide = tool("wide", {"type": "object", "properties": properties})
-    hops: list[Any] = []
-    real = asyncio.to_thread
-
-    async def counting(func: Any, *args: Any) -> Any:
-        hops.append(func)
-        return await real(func, *args)
-
-    monkeypatch.setattr(asyncio, "to_thread", counting)
     hint = await registry._validate_off_loop(wide, {"p7": "seven"})
     assert isinstance(hint, Hint) and "'p7'" in hint.message
     assert len(hops) == 1  # compiled in a thread once, then cached
