@@ -189,7 +189,7 @@ MAX_BATCH_RESPONSE_BYTES = 48 * 1024 * 1024
 def _fit_batch(response: dpb.DispatchToolCallsResponse) -> None:
     """Make the batch's response fit MAX_BATCH_RESPONSE_BYTES: the largest results are
     replaced, one by one, by an Err saying so (the calls ran and are logged in full; the
-    result can be read with ListConversationEvents)."""
+    result can be read from the conversation's events)."""
     sizes = [r.ByteSize() for r in response.results]
     total = sum(sizes)
     while total > MAX_BATCH_RESPONSE_BYTES:
@@ -199,7 +199,8 @@ def _fit_batch(response: dpb.DispatchToolCallsResponse) -> None:
             f"the result of {item.tool_use_id or f'call {i}'} is {sizes[i]} bytes: with the "
             f"batch's other results it is over the {MAX_BATCH_RESPONSE_BYTES}-byte limit of "
             "one response. The call ran and its full result is in the conversation's events "
-            "(ListConversationEvents); call it alone, or ask for less"
+            "(ListConversationEvents; GetConversationEventData streams a large one); call it "
+            "alone, or ask for less"
         )
         item.result.CopyFrom(convert.error_result_pb(message, "batch_result_too_large"))
         total += item.ByteSize() - sizes[i]
