@@ -115,7 +115,7 @@ async def test_a_large_input_jsonschema_must_walk_does_not_stall_the_event_loop(
     registry: Registry,
 ) -> None:
     patterned = tool("patterned", PATTERNED)
-    inputs = {"tags": ["abc"] * 30_000 + [1]}
+    inputs = {"tags": ["abc"] * 60_000 + [1]}
     ticks: list[float] = []
 
     async def ticker() -> None:
@@ -129,13 +129,14 @@ async def test_a_large_input_jsonschema_must_walk_does_not_stall_the_event_loop(
     hint = await registry._validate_off_loop(patterned, inputs)
     took = time.perf_counter() - started
     beat.cancel()
-    assert isinstance(hint, Hint) and "'tags/30000'" in hint.message
+    assert isinstance(hint, Hint) and "'tags/60000'" in hint.message
     during = [t for t in ticks if t >= started]
     gaps = [b - a for a, b in itertools.pairwise(ticks) if b >= started]
     # The validation took a while (a thread held the GIL most of it); the loop kept ticking.
+    # Run on the loop, no tick at all would fall inside it.
     assert took > 0.05
-    assert len(during) >= 3
-    assert max(gaps) < took
+    assert len(during) >= 2, (took, during)
+    assert max(gaps) < took, (took, gaps)
 
 
 async def test_a_small_input_is_validated_on_the_loop(registry: Registry, hops: list[Any]) -> None:
