@@ -232,13 +232,16 @@ def _readable(item: Any) -> Any:
 
 
 _SCALAR_END = re.compile(r"[,}\]\s]")
+TOP_LEVEL_SCAN_CHARS = 64 * 1024
 
 
 def _top_level(line: str) -> dict[str, Any] | None:
     """The top-level keys of a JSON object too deep to parse, with the value of `id` (a number
     or a string) and None for every other key; None when `line` is not such an object. One
-    pass, no recursion: enough to tell which request an unreadable answer was for."""
-    text = line.strip()
+    pass, no recursion, over the line's first TOP_LEVEL_SCAN_CHARS only (a server's line can
+    be megabytes, and this runs on the event loop): an answer's id comes first in practice,
+    and its result's or error's key before the value that made it unreadable."""
+    text = line[:TOP_LEVEL_SCAN_CHARS].strip()
     if not text.startswith("{"):
         return None
     keys: dict[str, Any] = {}

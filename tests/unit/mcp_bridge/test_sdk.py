@@ -109,3 +109,18 @@ async def test_what_is_not_an_unreadable_answer_passes_through_unchanged() -> No
     other = RuntimeError("transport trouble")
     stream = UnreadableAnswers(_Stream(request, notification, garbage, other, "a message"))
     assert [item async for item in stream] == [request, notification, garbage, other, "a message"]
+
+
+def test_the_id_of_an_answer_too_deep_to_parse_is_found_in_bounded_time() -> None:
+    import time
+
+    from services.mcp_bridge.sdk import _top_level
+
+    deep = '{"jsonrpc": "2.0", "id": "r-7", "result": ' + "[" * 20_000_000
+    started = time.perf_counter()
+    assert _top_level(deep) == {"jsonrpc": None, "id": "r-7", "result": None}
+    assert time.perf_counter() - started < 1  # a 20 MB line: only its start is read
+    nested_id = '{"result": {"id": 9, "x": [[[]]]}, "id": 3}'
+    assert _top_level(nested_id) == {"result": None, "id": 3}
+    assert _top_level("[1, 2]") is None
+    assert _top_level('{"method": "ping", "id": 1}') == {"method": None, "id": 1}
