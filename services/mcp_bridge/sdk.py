@@ -10,10 +10,14 @@ the SDK's tracer off (`disable_sdk_tracer`): the context it injects is then the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import shutil
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -126,7 +130,11 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
             # the session still looked open: every later call waited out its timeout.
             encoding_error_handler="replace",
         )
-        client = mcp.Client(answering(stdio_client(params)), client_info=_client_info(mcp))
+        errlog = StderrRelay(config.name)
+        stack.callback(errlog.close)
+        client = mcp.Client(
+            answering(stdio_client(params, errlog=errlog.file)), client_info=_client_info(mcp)
+        )
     else:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
@@ -150,6 +158,53 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
             client_info=_client_info(mcp),
         )
     return await stack.enter_async_context(client)
+
+
+class StderrRelay:
+    """Where a stdio server's stderr goes: a pipe whose lines a thread logs (at INFO, as
+    `mcp server <name>: …`), each clipped to STDERR_LINE_CHARS and at most STDERR_LINES_PER_MIN
+    a minute, the rest counted and dropped. The server's stderr went straight to the bridge's
+    own: a server writing without end filled whatever kept the bridge's output."""
+
+    def __init__(self, name: str) -> None:
+        read_fd, write_fd = os.pipe()
+        self.file = os.fdopen(write_fd, "w")  # the child gets a copy of it at spawn
+        self._name = name
+        self._thread = threading.Thread(
+            target=self._relay, args=(read_fd,), name=f"mcp-stderr-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Close the bridge's end; the thread ends once the server's copy is closed too."""
+        with contextlib.suppress(OSError):
+            self.file.close()
+
+    def _relay(self, read_fd: int) -> None:
+        window_start, shown, dropped = time.monotonic(), 0, 0
+        with os.fdopen(read_fd, "rb") as pipe:
+            while True:
+                line = pipe.readline(STDERR_LINE_CHARS * 4)
+                if not line:
+                    break
+                if not line.endswith(b"\n"):  # a long line: skip the rest of it
+                    while True:
+                        rest = pipe.readline(STDERR_LINE_CHARS * 4)
+                        if not rest or rest.endswith(b"\n"):
+                            break
+                now = time.monotonic()
+                if now - window_start >= 60:
+                    if dropped:
+                        logger.info("mcp server %s: %d stderr lines dropped", self._name, dropped)
+                    window_start, shown, dropped = now, 0, 0
+                if shown >= STDERR_LINES_PER_MIN:
+                    dropped += 1
+                    continue
+                shown += 1
+                text = line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
+                logger.info("mcp server %s: %s", self._name, text)
+        if dropped:
+            logger.info("mcp server %s: %d stderr lines dropped", self._name, dropped)
 
 
 @asynccontextmanager
@@ -233,6 +288,8 @@ def _readable(item: Any) -> Any:
 
 _SCALAR_END = re.compile(r"[,}\]\s]")
 TOP_LEVEL_SCAN_CHARS = 64 * 1024
+STDERR_LINE_CHARS = 2000
+STDERR_LINES_PER_MIN = 600
 
 
 def _top_level(line: str) -> dict[str, Any] | None:

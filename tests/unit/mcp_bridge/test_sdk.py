@@ -4,6 +4,7 @@ read fails its request at once."""
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -124,3 +125,25 @@ def test_the_id_of_an_answer_too_deep_to_parse_is_found_in_bounded_time() -> Non
     assert _top_level(nested_id) == {"result": None, "id": 3}
     assert _top_level("[1, 2]") is None
     assert _top_level('{"method": "ping", "id": 1}') == {"method": None, "id": 1}
+
+
+def test_a_servers_stderr_is_logged_clipped_and_rate_limited(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stdio server's stderr went straight to the bridge's own, without bound."""
+    import logging
+
+    from services.mcp_bridge import sdk
+
+    monkeypatch.setattr(sdk, "STDERR_LINES_PER_MIN", 3)
+    caplog.set_level(logging.INFO, logger="services.mcp_bridge.sdk")
+    relay = sdk.StderrRelay("noisy")
+    relay.file.write("x" * 100_000 + "\n")
+    for i in range(10):
+        relay.file.write(f"line {i}\n")
+    relay.close()
+    relay._thread.join(timeout=10)
+    said = [r.getMessage() for r in caplog.records if "mcp server noisy" in r.getMessage()]
+    assert said[0] == "mcp server noisy: " + "x" * sdk.STDERR_LINE_CHARS
+    assert said[1:3] == ["mcp server noisy: line 0", "mcp server noisy: line 1"]
+    assert said[-1] == "mcp server noisy: 8 stderr lines dropped"
