@@ -1147,6 +1147,12 @@ def _plain_types(table: pa.Table, warnings: list[Warning] | None = None) -> pa.T
         if pa.types.is_decimal(field.type):
             target = pa.int64() if field.type.scale == 0 else pa.float64()
             changed = True
+        elif pa.types.is_map(field.type):
+            # A MAP as its entries, a list of {key, value}: pandas has no map, and its list of
+            # tuples was stored as their Python repr (map_from_entries() makes it a MAP again).
+            entry = pa.struct([field.type.key_field, field.type.item_field])
+            target = pa.list_(entry)
+            changed = True
         fields.append(pa.field(field.name, target, field.nullable))
     if not changed:
         return table

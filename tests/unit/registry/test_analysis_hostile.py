@@ -313,6 +313,17 @@ def test_numbers_a_float_cannot_hold_are_named_and_odd_times_come_back_as_text(
     assert nanos.data["t"][0].startswith("12:00:00.000000001")
 
 
+def test_a_map_is_kept_as_its_entries_not_as_python_text(ctx: ToolContext) -> None:
+    """A MAP came back as a list of tuples, stored (save_as) as their Python repr."""
+    made = ok_of(query({"sql": "SELECT MAP {'k': 1, 'j': 2} AS m", "save_as": "maps"}, ctx))
+    assert [dict(e) for e in made.data["m"][0]] == [
+        {"key": "k", "value": 1},
+        {"key": "j", "value": 2},
+    ]
+    again = ok_of(query({"sql": "SELECT map_from_entries(m)['j'] AS j FROM maps"}, ctx))
+    assert again.data["j"][0] == 2
+
+
 def test_a_query_never_spills_to_disk_nor_shows_a_server_path(ctx: ToolContext) -> None:
     shown = ok_of(query({"sql": "SELECT current_setting('temp_directory') AS t"}, ctx))
     assert shown.data["t"][0] == ""
