@@ -307,36 +307,22 @@ def _top_level(line: str) -> dict[str, Any] | None:
     while i < n:
         c = text[i]
         if c == '"':
-            end = i + 1
-            while end < n and text[end] != '"':
-                end += 2 if text[end] == "\\" else 1
-            token = text[i : end + 1]
-            i = end + 1
+            end = _string_end(text, i)
             if depth == 1 and expect_key:
                 try:
-                    key = json.loads(token)
+                    key = json.loads(text[i : end + 1])
                 except ValueError:
                     return None
-                rest = text[i:].lstrip()
-                if not rest.startswith(":"):
+                i = _skip_space(text, end + 1)
+                if i >= n or text[i] != ":":
                     return None
-                i = n - len(rest) + 1
-                value_text = text[i:].lstrip()
+                i = _skip_space(text, i + 1)
                 keys[key] = None
                 if key == "id":
-                    if value_text.startswith('"'):
-                        close = 1
-                        while close < len(value_text) and value_text[close] != '"':
-                            close += 2 if value_text[close] == "\\" else 1
-                        try:
-                            keys[key] = json.loads(value_text[: close + 1])
-                        except ValueError:
-                            return None
-                    else:
-                        match = _SCALAR_END.search(value_text)
-                        number = value_text[: match.start() if match else len(value_text)]
-                        keys[key] = int(number) if number.lstrip("-").isdigit() else None
+                    keys[key] = _scalar(text, i)
                 expect_key = False
+                continue  # the value is scanned like any other
+            i = end + 1
             continue
         if c in "{[":
             depth += 1
@@ -347,6 +333,33 @@ def _top_level(line: str) -> dict[str, Any] | None:
             expect_key = True
         i += 1
     return keys
+
+
+def _string_end(text: str, start: int) -> int:
+    """The index of the quote closing the JSON string opened at `start` (len(text) - 1 past
+    the end when it is not closed)."""
+    end = start + 1
+    while end < len(text) and text[end] != '"':
+        end += 2 if text[end] == "\\" else 1
+    return min(end, len(text) - 1)
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _scalar(text: str, i: int) -> Any:
+    """The string or integer JSON value at `i`, None for any other (or a malformed one)."""
+    if text.startswith('"', i):
+        try:
+            return json.loads(text[i : _string_end(text, i) + 1])
+        except ValueError:
+            return None
+    match = _SCALAR_END.search(text, i)
+    number = text[i : match.start() if match else len(text)]
+    return int(number) if number.lstrip("-").isdigit() else None
 
 
 def _client_info(mcp: Any) -> Any:
