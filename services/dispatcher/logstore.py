@@ -546,7 +546,10 @@ class SqlCallLog:
             only = page.entries[0]
             budget = max_bytes - _ENTRY_OVERHEAD
             if only.data_bytes > budget:  # it came alone: only its start fits a page
-                start = only.data_json.encode("utf-8")[:budget].decode("utf-8", "ignore")
+                # Its first `budget` characters hold at least `budget` bytes: the cut encodes
+                # those, not the whole payload (it was measured already).
+                head = only.data_json[:budget].encode("utf-8")[:budget]
+                start = head.decode("utf-8", "ignore")
                 page = Page([replace(only, data_json=start, truncated=True)], page.next_id)
         return page
 
