@@ -64,8 +64,9 @@ TOOLS: list[dict[str, Any]] = [
                     "minLength": 1,
                     "maxLength": 3,
                     "description": (
-                        "CSV field separator, one character (',' by default, tab for .tsv; "
-                        "'\\t' means tab). Ignored for Parquet."
+                        "CSV field separator, one character ('\\t' means tab). Omitted: tab "
+                        "for .tsv, else read off the file's first lines (comma, tab, "
+                        "semicolon or pipe; comma when unclear). Ignored for Parquet."
                     ),
                 },
             },

@@ -11,10 +11,12 @@ the envelope — a Hint rather than a raised HintException)."""
 from __future__ import annotations
 
 import bz2
+import csv
 import difflib
 import functools
 import gzip
 import io
+import itertools
 import json
 import logging
 import lzma
@@ -106,6 +108,13 @@ READ_CHUNK_BYTES = 1 << 20
 PARQUET_BATCH_ROWS = 65_536
 # Bytes sampled from the start of a CSV to recognise a UTF-16/32 file without a byte order mark.
 ENCODING_SAMPLE_BYTES = 4096
+# Without an explicit delimiter, the separator is read off the file's first lines: the
+# candidates in order of preference, the bytes sampled, and the records compared.
+DELIMITER_CANDIDATES = (",", "\t", ";", "|")
+DELIMITER_SAMPLE_BYTES = 64 * 1024
+DELIMITER_SAMPLE_RECORDS = 100
+# The share of sampled records that must have the header's number of fields.
+DELIMITER_MIN_CONSISTENCY = 0.9
 # Tried in order when the file has no byte order mark: cp1252 is what "not UTF-8" usually is
 # (its € and curly quotes are C1 controls in Latin-1), Latin-1 decodes any byte sequence.
 FALLBACK_ENCODINGS = ("utf-8", "cp1252", "latin-1")
@@ -571,9 +580,10 @@ def _detect_format(path: Path, requested: str) -> FileFormat:
     )
 
 
-def _delimiter(raw: str | None, path: Path) -> str:
+def _delimiter(raw: str | None, path: Path) -> str | None:
+    """The separator asked for, tab for a .tsv file, or None: to be read off the file."""
     if raw is None:
-        return "\t" if ".tsv" in _format_suffixes(path) else ","
+        return "\t" if ".tsv" in _format_suffixes(path) else None
     value = DELIMITER_ALIASES.get(raw.lower(), raw)
     if len(value) != 1 or value in {'"', "\n", "\r"}:
         raise HintException(
@@ -753,18 +763,74 @@ def _check_column_names(df: pd.DataFrame, name: str) -> None:
         )
 
 
-def _read_csv(
-    opened: IO[bytes], path: Path, delimiter: str, limit: int, warnings: list[Warning]
-) -> pd.DataFrame:
-    shown = "\\t" if delimiter == "\t" else delimiter
+def _sniff_delimiter(text: str, complete: bool) -> str | None:
+    """The separator of the CSV text `text` starts with (`complete`: it is the whole file), or
+    None when no candidate fits better than the default comma.
 
+    A candidate fits when it splits the header into two or more fields and at least
+    DELIMITER_MIN_CONSISTENCY of the sampled records into as many; of those that fit, the one
+    giving the most fields wins (ties by DELIMITER_CANDIDATES' order). Records are parsed with
+    CSV quoting, so a separator inside a quoted value does not count."""
+    best: tuple[int, str] | None = None
+    for candidate in DELIMITER_CANDIDATES:
+        reader = csv.reader(io.StringIO(text), delimiter=candidate)
+        try:
+            records = [r for r in itertools.islice(reader, DELIMITER_SAMPLE_RECORDS + 1) if r]
+        except csv.Error:  # a field over csv's size limit, a NUL: this candidate cannot tell
+            continue
+        if not complete and len(records) <= DELIMITER_SAMPLE_RECORDS:
+            records = records[:-1]  # the sample may end inside its last record
+        if not records or len(records[0]) < 2:
+            continue
+        width, rows = len(records[0]), records[1:]
+        fitting = sum(
+            len(r) == width or (len(r) == width + 1 and r[-1] == "")  # a trailing separator
+            for r in rows
+        )
+        if fitting < DELIMITER_MIN_CONSISTENCY * len(rows):
+            continue
+        if best is None or width > best[0]:
+            best = (width, candidate)
+    return None if best is None or best[1] == "," else best[1]
+
+
+def _shown_delimiter(delimiter: str) -> str:
+    return "\\t" if delimiter == "\t" else delimiter
+
+
+def _detected_delimiter(head: bytes, encoding: str, warnings: list[Warning]) -> str:
+    """The separator of a CSV file starting with `head` (the whole file if shorter than
+    DELIMITER_SAMPLE_BYTES): a comma unless the first lines say otherwise, with a warning
+    naming any other, so the caller knows what was assumed."""
+    sniffed = _sniff_delimiter(
+        head.decode(encoding, errors="replace"), complete=len(head) < DELIMITER_SAMPLE_BYTES
+    )
+    if sniffed is None:
+        return ","
+    warnings.append(
+        Warning(
+            kind="delimiter",
+            message=f"fields are separated by {_shown_delimiter(sniffed)!r} (read off the "
+            "file's first lines); pass delimiter to use another separator",
+            details={"delimiter": sniffed},
+        )
+    )
+    return sniffed
+
+
+def _read_csv(
+    opened: IO[bytes], path: Path, delimiter: str | None, limit: int, warnings: list[Warning]
+) -> pd.DataFrame:
     def stream() -> IO[bytes]:
         opened.seek(0)
         bounded = _BoundedReader(_decompressing(opened, path), limit, path.name)
         return io.BufferedReader(bounded, READ_CHUNK_BYTES)
 
     try:
-        encodings = _sniff_encodings(stream().read(ENCODING_SAMPLE_BYTES))
+        head = stream().read(max(ENCODING_SAMPLE_BYTES, DELIMITER_SAMPLE_BYTES))
+        encodings = _sniff_encodings(head[:ENCODING_SAMPLE_BYTES])
+        if delimiter is None:
+            delimiter = _detected_delimiter(head, encodings[0], warnings)
         for encoding in encodings:
             try:
                 df = pd.read_csv(stream(), sep=delimiter, encoding=encoding, low_memory=False)
@@ -778,6 +844,7 @@ def _read_csv(
             "schema", f"{path.name!r} is empty: there is no header row to read"
         ) from exc
     except (pd.errors.ParserError, ValueError) as exc:
+        shown = _shown_delimiter(delimiter or ",")
         raise HintException(
             "schema",
             f"could not parse {path.name!r} as CSV with delimiter {shown!r}: "
@@ -795,6 +862,8 @@ def _read_csv(
     df = _without_implicit_index(df, path.name, warnings)
     df = _huge_integers_as_text(df, warnings)
     df = _parse_iso_dates(df)
+    if delimiter != ",":
+        df = _decimal_commas(df, warnings)
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
         warnings.append(
@@ -811,6 +880,46 @@ def _read_csv(
                 kind="duplicate_columns",
                 message="duplicate column names were renamed: " + ", ".join(mangled),
                 details={"renamed": mangled},
+            )
+        )
+    return df
+
+
+# A number written with a decimal comma (how spreadsheets in much of Europe save CSV, with
+# semicolons between the fields), or an integer among such numbers.
+_DECIMAL_COMMA_RE = r"^[+-]?\d*,\d+$"
+_INTEGER_RE = r"^[+-]?\d+$"
+
+
+def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Text columns of numbers written with a decimal comma as floats, with a warning. Only for
+    files not separated by commas (in a comma-separated file a comma inside a number would have
+    to be quoted, and "1,500" there is a thousand). A column whose every comma is followed by
+    exactly three digits is left as text: "1,500" may be a thousand there too."""
+    converted = []
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, str) for v in values):
+            continue
+        text = values.str.strip()
+        commas = text.str.fullmatch(_DECIMAL_COMMA_RE)
+        if not commas.any() or not (commas | text.str.fullmatch(_INTEGER_RE)).all():
+            continue
+        if text[commas].str.fullmatch(r"^[+-]?\d*,\d{3}$").all():
+            continue
+        numbers = pd.to_numeric(col.str.strip().str.replace(",", ".", regex=False))
+        df.isetitem(position, numbers.to_numpy())
+        converted.append(str(df.columns[position]))
+    if converted:
+        warnings.append(
+            Warning(
+                kind="decimal_comma",
+                message="numbers written with a decimal comma were read as numbers in: "
+                + ", ".join(converted),
+                details={"columns": converted},
             )
         )
     return df

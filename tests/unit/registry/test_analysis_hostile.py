@@ -105,6 +105,88 @@ def test_a_trailing_delimiter_on_every_row_is_dropped_with_a_warning(
     assert ctx.load_dataset("ends").to_dict("list") == {"a": [1, 3], "b": [2, 4]}
 
 
+# The start of the UCI wine-quality data: semicolons, quoted header, decimal points.
+WINE_CSV = (
+    '"fixed acidity";"volatile acidity";"citric acid";"quality"\n'
+    "7.4;0.7;0;5\n7.8;0.88;0;5\n11.2;0.28;0.56;6\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "delimiter", "columns"),
+    [
+        (WINE_CSV, ";", ["fixed acidity", "volatile acidity", "citric acid", "quality"]),
+        ("a\tb\tc\n1\t2\t3\n", "\t", ["a", "b", "c"]),
+        ("a|b\n1|2\n3|4\n", "|", ["a", "b"]),
+        ("a;b\n1;2;\n3;4;\n", ";", ["a", "b"]),  # a trailing separator on every row
+    ],
+)
+def test_the_separator_is_read_off_the_file_and_named_in_a_warning(
+    ctx: ToolContext, files: Path, text: str, delimiter: str, columns: list[str]
+) -> None:
+    (files / "data.txt").write_text(text, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "data.txt"}, ctx))
+
+    assert [c.name for c in ok.schema] == columns
+    assert ok.warnings[0].kind == "delimiter"
+    assert ok.warnings[0].details == {"delimiter": delimiter}
+    assert ok.rows == text.count("\n") - 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "id,note\n1,a;b;c\n2,d;e;f\n",  # semicolons inside values, none in the header
+        'id,note\n1,"x|y|z"\n2,"u|v|w"\n',  # quoted values
+        "x\n1\n2\n",  # one column
+        "a,b;c\n1,2;3\n",  # as many fields either way: the comma wins
+    ],
+)
+def test_a_comma_file_stays_comma_separated(ctx: ToolContext, files: Path, text: str) -> None:
+    (files / "c.csv").write_text(text, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "c.csv"}, ctx))
+
+    assert ok.warnings == []
+    assert [c.name for c in ok.schema] == text.split("\n")[0].split(",")
+
+
+def test_the_separator_is_sniffed_past_a_long_first_block_and_an_explicit_one_wins(
+    ctx: ToolContext, files: Path
+) -> None:
+    # Longer than the sample: the sample's last, cut-off record does not count against ';'.
+    rows = "".join(f"{i};{'word ' * 20};{i * 2}\n" for i in range(5000))
+    (files / "long.csv").write_text("n;text;double\n" + rows, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "long.csv"}, ctx))
+    assert (ok.rows, [c.name for c in ok.schema]) == (5000, ["n", "text", "double"])
+
+    forced = ok_of(load_dataset({"path": "long.csv", "delimiter": ",", "name": "forced"}, ctx))
+    assert [c.name for c in forced.schema] == ["n;text;double"]
+    assert [w.kind for w in forced.warnings] == []
+
+
+def test_decimal_commas_are_read_as_numbers_in_a_semicolon_file(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "eu.csv").write_text(
+        "Artikel;Preis;Menge;Kennung\nTee;1,5;2;1,500\nKaffee;-12,25;;2,000\nBrot;3;4;\n",
+        "utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "eu.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["delimiter", "decimal_comma"]
+    assert ok.warnings[1].details == {"columns": ["Preis"]}
+    stored = ctx.load_dataset("eu")
+    assert stored["Preis"].tolist() == [1.5, -12.25, 3.0]
+    # Three digits after every comma may be thousands: kept as written.
+    assert stored["Kennung"].tolist()[:2] == ["1,500", "2,000"]
+    total = ok_of(query({"sql": "SELECT sum(Preis) AS s FROM eu"}, ctx)).data
+    assert total["s"].tolist() == [pytest.approx(-7.75)]
+
+
 def test_integers_beyond_64_bits_are_kept_exactly_as_text(ctx: ToolContext, files: Path) -> None:
     (files / "huge.csv").write_text("id,n\n123456789012345678901234567890,1\n,2\n", "utf-8")
 
