@@ -69,6 +69,14 @@ TOOLS: list[dict[str, Any]] = [
                         "semicolon or pipe; comma when unclear). Ignored for Parquet."
                     ),
                 },
+                "header": {
+                    "type": "boolean",
+                    "description": (
+                        "Whether the CSV's first row names the columns. Omitted: read off the "
+                        "file (a first row of values, as in many classic datasets, names the "
+                        "columns column_1, column_2, …). Ignored for Parquet."
+                    ),
+                },
             },
             "required": ["path"],
             "additionalProperties": False,

@@ -763,6 +763,20 @@ def _check_column_names(df: pd.DataFrame, name: str) -> None:
         )
 
 
+def _sample_records(text: str, complete: bool, delimiter: str) -> list[list[str]] | None:
+    """The first DELIMITER_SAMPLE_RECORDS + 1 non-blank records of CSV text `text` (`complete`:
+    the whole file) split by `delimiter` with CSV quoting; a record the sample may have cut
+    short is left out. None when csv cannot split it (a field over its size limit, a NUL)."""
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    try:
+        records = [r for r in itertools.islice(reader, DELIMITER_SAMPLE_RECORDS + 1) if r]
+    except csv.Error:
+        return None
+    if not complete and len(records) <= DELIMITER_SAMPLE_RECORDS:
+        records = records[:-1]  # the sample may end inside its last record
+    return records
+
+
 def _sniff_delimiter(text: str, complete: bool) -> str | None:
     """The separator of the CSV text `text` starts with (`complete`: it is the whole file), or
     None when no candidate fits better than the default comma.
@@ -773,13 +787,7 @@ def _sniff_delimiter(text: str, complete: bool) -> str | None:
     CSV quoting, so a separator inside a quoted value does not count."""
     best: tuple[int, str] | None = None
     for candidate in DELIMITER_CANDIDATES:
-        reader = csv.reader(io.StringIO(text), delimiter=candidate)
-        try:
-            records = [r for r in itertools.islice(reader, DELIMITER_SAMPLE_RECORDS + 1) if r]
-        except csv.Error:  # a field over csv's size limit, a NUL: this candidate cannot tell
-            continue
-        if not complete and len(records) <= DELIMITER_SAMPLE_RECORDS:
-            records = records[:-1]  # the sample may end inside its last record
+        records = _sample_records(text, complete, candidate)
         if not records or len(records[0]) < 2:
             continue
         width, rows = len(records[0]), records[1:]
@@ -794,17 +802,54 @@ def _sniff_delimiter(text: str, complete: bool) -> str | None:
     return None if best is None or best[1] == "," else best[1]
 
 
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _first_record_is_data(records: list[list[str]]) -> bool:
+    """Whether the first sampled record is a row of data rather than a header (the classic
+    UCI files, iris.data or adult.data, have none): every column that holds numbers below it
+    has a number in it too, and either all of it is numbers or at least half of its text
+    values occur again in their columns below (a value, not a name). A header that passes
+    (all-text columns whose names also appear as values) is taken for data: pass header=true."""
+    if len(records) < 2:
+        return False
+    first, rows = [c.strip() for c in records[0]], records[1:]
+    text_cells = repeated = 0
+    for i, cell in enumerate(first):
+        column = [r[i].strip() for r in rows if i < len(r) and r[i].strip()]
+        numeric_column = bool(column) and all(_NUMBER_RE.fullmatch(v) for v in column)
+        if _NUMBER_RE.fullmatch(cell):
+            continue
+        if numeric_column:
+            return False  # a name over numbers: a header
+        text_cells += 1
+        repeated += cell in column
+    return text_cells == 0 or (repeated > 0 and 2 * repeated >= text_cells)
+
+
+def _spaced_after_separator(records: list[list[str]]) -> bool:
+    """Whether every non-empty field after the first of every sampled record starts with a
+    space (`39, State-gov, 77516`): the file separates its fields with the delimiter and a
+    space, which is not part of the values."""
+    seen = False
+    for record in records:
+        for field in record[1:]:
+            if field:
+                if not field.startswith(" "):
+                    return False
+                seen = True
+    return seen
+
+
 def _shown_delimiter(delimiter: str) -> str:
     return "\\t" if delimiter == "\t" else delimiter
 
 
-def _detected_delimiter(head: bytes, encoding: str, warnings: list[Warning]) -> str:
-    """The separator of a CSV file starting with `head` (the whole file if shorter than
-    DELIMITER_SAMPLE_BYTES): a comma unless the first lines say otherwise, with a warning
-    naming any other, so the caller knows what was assumed."""
-    sniffed = _sniff_delimiter(
-        head.decode(encoding, errors="replace"), complete=len(head) < DELIMITER_SAMPLE_BYTES
-    )
+def _detected_delimiter(text: str, complete: bool, warnings: list[Warning]) -> str:
+    """The separator of a CSV file starting with `text` (`complete`: the whole file): a comma
+    unless the first lines say otherwise, with a warning naming any other, so the caller knows
+    what was assumed."""
+    sniffed = _sniff_delimiter(text, complete)
     if sniffed is None:
         return ","
     warnings.append(
@@ -819,8 +864,15 @@ def _detected_delimiter(head: bytes, encoding: str, warnings: list[Warning]) -> 
 
 
 def _read_csv(
-    opened: IO[bytes], path: Path, delimiter: str | None, limit: int, warnings: list[Warning]
+    opened: IO[bytes],
+    path: Path,
+    delimiter: str | None,
+    header: bool | None,
+    limit: int,
+    warnings: list[Warning],
 ) -> pd.DataFrame:
+    """The CSV file as a DataFrame; `delimiter` and `header` None: read off its first lines."""
+
     def stream() -> IO[bytes]:
         opened.seek(0)
         bounded = _BoundedReader(_decompressing(opened, path), limit, path.name)
@@ -829,11 +881,40 @@ def _read_csv(
     try:
         head = stream().read(max(ENCODING_SAMPLE_BYTES, DELIMITER_SAMPLE_BYTES))
         encodings = _sniff_encodings(head[:ENCODING_SAMPLE_BYTES])
+        text = head.decode(encodings[0], errors="replace")
+        complete = len(head) < DELIMITER_SAMPLE_BYTES
         if delimiter is None:
-            delimiter = _detected_delimiter(head, encodings[0], warnings)
+            delimiter = _detected_delimiter(text, complete, warnings)
+        records = _sample_records(text, complete, delimiter) or []
+        if header is None:
+            header = not _first_record_is_data(records)
+            if not header:
+                warnings.append(
+                    Warning(
+                        kind="no_header",
+                        message="the first row holds data, not column names: the columns are "
+                        "named column_1, column_2, …; pass header=true if it is a header",
+                    )
+                )
+        spaced = _spaced_after_separator(records)
+        if spaced:
+            warnings.append(
+                Warning(
+                    kind="initial_space",
+                    message="every field follows its separator after a space; the spaces "
+                    "were dropped",
+                )
+            )
         for encoding in encodings:
             try:
-                df = pd.read_csv(stream(), sep=delimiter, encoding=encoding, low_memory=False)
+                df = pd.read_csv(
+                    stream(),
+                    sep=delimiter,
+                    encoding=encoding,
+                    header=0 if header else None,
+                    skipinitialspace=spaced,
+                    low_memory=False,
+                )
             except UnicodeError:
                 continue  # the next encoding; Latin-1, the last, decodes any byte sequence
             break
@@ -858,6 +939,8 @@ def _read_csv(
             f"could not read {path.name!r}: {_first_lines(exc) or type(exc).__name__}; the "
             "file is corrupt or truncated, or not compressed the way its extension says",
         ) from exc
+    if not header:
+        df.columns = pd.Index([f"column_{i + 1}" for i in range(df.shape[1])])
     _check_column_names(df, path.name)
     df = _without_implicit_index(df, path.name, warnings)
     df = _huge_integers_as_text(df, warnings)
@@ -1013,6 +1096,9 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     explicit_name = _str_input(inputs, "name", required=False)
     requested_format = _str_input(inputs, "format", required=False) or "auto"
     raw_delimiter = _str_input(inputs, "delimiter", required=False)
+    header = inputs.get("header")
+    if header is not None and not isinstance(header, bool):
+        raise HintException("schema", f"`header` must be true or false, not {header!r}"[:300])
     if explicit_name is not None:
         _check_identifier(explicit_name, "name")
 
@@ -1027,7 +1113,8 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         if size > limit:
             raise _too_large(path.name, f"{size} bytes", limit)
         if file_format == "csv":
-            df = _read_csv(opened, path, _delimiter(raw_delimiter, path), limit, warnings)
+            delimiter = _delimiter(raw_delimiter, path)
+            df = _read_csv(opened, path, delimiter, header, limit, warnings)
         else:
             df = _read_parquet(opened, path, limit, warnings)
 

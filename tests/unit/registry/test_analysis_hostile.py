@@ -187,6 +187,85 @@ def test_decimal_commas_are_read_as_numbers_in_a_semicolon_file(
     assert total["s"].tolist() == [pytest.approx(-7.75)]
 
 
+# The start of UCI's iris.data and adult.data: no header row; adult puts a space after
+# every comma.
+IRIS_DATA = (
+    "5.1,3.5,1.4,0.2,Iris-setosa\n4.9,3.0,1.4,0.2,Iris-setosa\n7.0,3.2,4.7,1.4,Iris-versicolor\n\n"
+)
+ADULT_DATA = (
+    "39, State-gov, 77516, Bachelors, <=50K\n"
+    "50, Self-emp-not-inc, 83311, Bachelors, <=50K\n"
+    "38, Private, 215646, HS-grad, <=50K\n"
+    "53, Private, 234721, 11th, >50K\n"
+)
+
+
+def test_a_file_without_a_header_row_gets_numbered_columns_and_keeps_its_first_row(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "iris.data.txt").write_text(IRIS_DATA, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "iris.data.txt", "name": "iris"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["no_header"]
+    assert [c.name for c in ok.schema] == [f"column_{i}" for i in range(1, 6)]
+    assert ok.rows == 3
+    stored = ctx.load_dataset("iris")
+    assert stored["column_1"].tolist() == [5.1, 4.9, 7.0]
+    rows = ok_of(
+        query({"sql": "SELECT count(*) AS n FROM iris WHERE column_5 = 'Iris-setosa'"}, ctx)
+    )
+    assert rows.data["n"].tolist() == [2]
+
+
+def test_spaces_after_every_separator_are_not_kept_in_the_values(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "adult.csv").write_text(ADULT_DATA, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "adult.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["no_header", "initial_space"]
+    stored = ctx.load_dataset("adult")
+    assert stored["column_2"].tolist() == ["State-gov", "Self-emp-not-inc", "Private", "Private"]
+    assert stored["column_3"].tolist() == [77516, 83311, 215646, 234721]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "id,name,city\n1,Ada,London\n2,Grace,Arlington\n",  # a name over numbers
+        "name,city\nAda,London\nGrace,Arlington\n",  # names that are not values below
+        "country,2019,2020\nFrance,1,2\nItaly,3,4\n",  # years among the names
+        ",a,b\n0,1,2\n1,3,4\n",  # pandas' unnamed index column
+    ],
+)
+def test_a_header_row_is_kept_as_the_column_names(ctx: ToolContext, files: Path, text: str) -> None:
+    (files / "h.csv").write_text(text, "utf-8")
+
+    ok = ok_of(load_dataset({"path": "h.csv"}, ctx))
+
+    assert "no_header" not in [w.kind for w in ok.warnings]
+    assert ok.rows == 2
+
+
+def test_an_explicit_header_flag_overrides_the_guess(ctx: ToolContext, files: Path) -> None:
+    (files / "years.csv").write_text("2019,2020\n1,2\n3,4\n", "utf-8")
+    (files / "named.csv").write_text("a,b\n1,2\n", "utf-8")
+
+    guessed = ok_of(load_dataset({"path": "years.csv"}, ctx))
+    assert (guessed.rows, [w.kind for w in guessed.warnings]) == (3, ["no_header"])
+    forced = ok_of(load_dataset({"path": "years.csv", "header": True, "name": "y2"}, ctx))
+    assert (forced.rows, [c.name for c in forced.schema]) == (2, ["2019", "2020"])
+    headless = ok_of(load_dataset({"path": "named.csv", "header": False}, ctx))
+    assert ctx.load_dataset("named").to_dict("list") == {
+        "column_1": ["a", "1"],
+        "column_2": ["b", "2"],
+    }
+    assert headless.warnings == []
+    assert hint(load_dataset, {"path": "named.csv", "header": "yes"}, ctx).hint_kind == "schema"
+
+
 def test_integers_beyond_64_bits_are_kept_exactly_as_text(ctx: ToolContext, files: Path) -> None:
     (files / "huge.csv").write_text("id,n\n123456789012345678901234567890,1\n,2\n", "utf-8")
 
