@@ -945,6 +945,7 @@ def _read_csv(
     df = _without_implicit_index(df, path.name, warnings)
     df = _huge_integers_as_text(df, warnings)
     df = _parse_iso_dates(df)
+    df = _missing_markers(df, decimal_comma=delimiter != ",", warnings=warnings)
     if delimiter != ",":
         df = _decimal_commas(df, warnings)
     if encoding in ("cp1252", "latin-1"):
@@ -972,6 +973,50 @@ def _read_csv(
 # semicolons between the fields), or an integer among such numbers.
 _DECIMAL_COMMA_RE = r"^[+-]?\d*,\d+$"
 _INTEGER_RE = r"^[+-]?\d+$"
+
+
+# Written for a missing number in published data (UCI's "?", a dash, SAS's "."), beyond the
+# markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
+MISSING_MARKERS = frozenset({"?", "-", "--", ".", "missing"})
+
+
+def _missing_markers(
+    df: pd.DataFrame, *, decimal_comma: bool, warnings: list[Warning]
+) -> pd.DataFrame:
+    """Text columns of numbers where some values are a MISSING_MARKERS marker: the markers as
+    missing values and the column as numbers (with `decimal_comma`, numbers written with a
+    decimal comma stay text here, for _decimal_commas). With a warning naming the columns."""
+    converted = []
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, str) for v in values):
+            continue
+        text = values.str.strip()
+        marked = text.isin(MISSING_MARKERS)
+        if not marked.any() or marked.all():
+            continue
+        rest = text[~marked]
+        cleared = col.where(~col.str.strip().isin(MISSING_MARKERS))
+        if rest.str.fullmatch(_NUMBER_RE.pattern).all():
+            df.isetitem(position, pd.to_numeric(cleared).to_numpy())
+        elif decimal_comma and rest.str.fullmatch(f"{_DECIMAL_COMMA_RE}|{_INTEGER_RE}").all():
+            df.isetitem(position, cleared.to_numpy())
+        else:
+            continue
+        converted.append(str(df.columns[position]))
+    if converted:
+        warnings.append(
+            Warning(
+                kind="missing_markers",
+                message="values such as '?' or '-' among numbers were read as missing in: "
+                + ", ".join(converted),
+                details={"columns": converted, "markers": sorted(MISSING_MARKERS)},
+            )
+        )
+    return df
 
 
 def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:

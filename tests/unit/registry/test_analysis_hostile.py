@@ -266,6 +266,26 @@ def test_an_explicit_header_flag_overrides_the_guess(ctx: ToolContext, files: Pa
     assert hint(load_dataset, {"path": "named.csv", "header": "yes"}, ctx).hint_kind == "schema"
 
 
+def test_question_marks_and_dashes_among_numbers_are_missing_values(
+    ctx: ToolContext, files: Path
+) -> None:
+    # As in UCI's breast-cancer-wisconsin data ("?" for a missing bare-nuclei count).
+    (files / "bc.csv").write_text(
+        "id,bare_nuclei,clump,label\n1000025,1,5,?\n1002945,?,5,benign\n1015425,2,-,?\n",
+        "utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "bc.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["missing_markers"]
+    assert ok.warnings[0].details["columns"] == ["bare_nuclei", "clump"]
+    stored = ctx.load_dataset("bc")
+    assert stored["bare_nuclei"].isna().tolist() == [False, True, False]
+    assert stored["label"].tolist() == ["?", "benign", "?"]  # text keeps its question marks
+    total = ok_of(query({"sql": "SELECT sum(bare_nuclei) AS s, count(clump) AS c FROM bc"}, ctx))
+    assert total.data.to_dict("list") == {"s": [3.0], "c": [2]}
+
+
 def test_integers_beyond_64_bits_are_kept_exactly_as_text(ctx: ToolContext, files: Path) -> None:
     (files / "huge.csv").write_text("id,n\n123456789012345678901234567890,1\n,2\n", "utf-8")
 
