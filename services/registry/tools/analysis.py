@@ -28,7 +28,8 @@ import time
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
@@ -863,6 +864,106 @@ def _detected_delimiter(text: str, complete: bool, warnings: list[Warning]) -> s
     return sniffed
 
 
+@dataclass(frozen=True)
+class _CsvLayout:
+    """How a CSV file is laid out, as far as its first lines tell."""
+
+    delimiter: str
+    header: bool  # the first row (after the preamble) names the columns
+    preamble_lines: int  # '#' comment lines (and blank ones among them) before it
+    initial_space: bool  # a space follows every separator
+
+
+_MARKUP_STARTS = ("<!doctype html", "<html", "<?xml", "<head", "<body")
+
+
+def _csv_layout(
+    text: str,
+    *,
+    complete: bool,
+    delimiter: str | None,
+    header: bool | None,
+    name: str,
+    warnings: list[Warning],
+) -> _CsvLayout:
+    """The layout of a CSV file whose first DELIMITER_SAMPLE_BYTES decode to `text`
+    (`complete`: the whole file); `delimiter` and `header` as asked, None to read them off the
+    text. Every guess that departs from a plain comma-separated file with a header is named in
+    a warning. An HTML or XML document (a saved web page, a download's error page) is a schema
+    Hint rather than a one-column table named after its first line."""
+    if text.lstrip("\ufeff \t\r\n")[:20].lower().startswith(_MARKUP_STARTS):
+        raise HintException(
+            "schema",
+            f"{name!r} is an HTML or XML document, not CSV (a saved web page or a download's "
+            "error page?): fetch the data file itself",
+        )
+    lines = text.splitlines(keepends=True)
+    preamble = 0
+    while preamble < len(lines) - 1 and (
+        lines[preamble].startswith("#") or (preamble and not lines[preamble].strip())
+    ):
+        preamble += 1
+    while preamble and not lines[preamble - 1].strip():
+        preamble -= 1  # blank lines before the header: pandas skips those itself
+    rest = "".join(lines[preamble:]) if preamble else text
+    if delimiter is None:
+        delimiter = _detected_delimiter(rest, complete, warnings)
+    records = _sample_records(rest, complete, delimiter) or []
+    if preamble and records:
+        # The last '#' line is the header when it has the data's fields ("#CHROM\tPOS…").
+        last = lines[preamble - 1]
+        fields = next(csv.reader([last], delimiter=delimiter), [])
+        if len(fields) >= 2 and len(fields) == len(records[0]):
+            preamble -= 1
+            records = [fields, *records]
+            header = True if header is None else header
+    if preamble:
+        warnings.append(
+            Warning(
+                kind="preamble",
+                message=f"skipped {preamble} comment line(s) starting with '#' before the header",
+                details={"lines": preamble},
+            )
+        )
+    if header is None:
+        header = not _first_record_is_data(records)
+        if not header:
+            warnings.append(
+                Warning(
+                    kind="no_header",
+                    message="the first row holds data, not column names: the columns are "
+                    "named column_1, column_2, …; pass header=true if it is a header",
+                )
+            )
+    spaced = _spaced_after_separator(records)
+    if spaced:
+        warnings.append(
+            Warning(
+                kind="initial_space",
+                message="every field follows its separator after a space; the spaces were dropped",
+            )
+        )
+    return _CsvLayout(delimiter, header, preamble, spaced)
+
+
+def _trimmed_column_names(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Column names without the spaces around them (` a ` → `a`), unless that would make two
+    of them the same; with a warning."""
+    names = [str(c) for c in df.columns]
+    trimmed = [n.strip() or n for n in names]
+    if trimmed == names or len(set(trimmed)) < len(set(names)):
+        return df
+    df.columns = pd.Index(trimmed)
+    warnings.append(
+        Warning(
+            kind="trimmed_names",
+            message="spaces around column names were removed",
+            details={"renamed": [n for n, t in zip(names, trimmed, strict=True) if n != t]},
+        )
+    )
+    return df
+
+
 def _read_csv(
     opened: IO[bytes],
     path: Path,
@@ -881,38 +982,24 @@ def _read_csv(
     try:
         head = stream().read(max(ENCODING_SAMPLE_BYTES, DELIMITER_SAMPLE_BYTES))
         encodings = _sniff_encodings(head[:ENCODING_SAMPLE_BYTES])
-        text = head.decode(encodings[0], errors="replace")
-        complete = len(head) < DELIMITER_SAMPLE_BYTES
-        if delimiter is None:
-            delimiter = _detected_delimiter(text, complete, warnings)
-        records = _sample_records(text, complete, delimiter) or []
-        if header is None:
-            header = not _first_record_is_data(records)
-            if not header:
-                warnings.append(
-                    Warning(
-                        kind="no_header",
-                        message="the first row holds data, not column names: the columns are "
-                        "named column_1, column_2, …; pass header=true if it is a header",
-                    )
-                )
-        spaced = _spaced_after_separator(records)
-        if spaced:
-            warnings.append(
-                Warning(
-                    kind="initial_space",
-                    message="every field follows its separator after a space; the spaces "
-                    "were dropped",
-                )
-            )
+        layout = _csv_layout(
+            head.decode(encodings[0], errors="replace"),
+            complete=len(head) < DELIMITER_SAMPLE_BYTES,
+            delimiter=delimiter,
+            header=header,
+            name=path.name,
+            warnings=warnings,
+        )
+        delimiter = layout.delimiter
         for encoding in encodings:
             try:
                 df = pd.read_csv(
                     stream(),
-                    sep=delimiter,
+                    sep=layout.delimiter,
                     encoding=encoding,
-                    header=0 if header else None,
-                    skipinitialspace=spaced,
+                    header=0 if layout.header else None,
+                    skiprows=layout.preamble_lines,
+                    skipinitialspace=layout.initial_space,
                     low_memory=False,
                 )
             except UnicodeError:
@@ -939,15 +1026,15 @@ def _read_csv(
             f"could not read {path.name!r}: {_first_lines(exc) or type(exc).__name__}; the "
             "file is corrupt or truncated, or not compressed the way its extension says",
         ) from exc
-    if not header:
+    if layout.header:
+        df = _trimmed_column_names(df, warnings)
+    else:
         df.columns = pd.Index([f"column_{i + 1}" for i in range(df.shape[1])])
     _check_column_names(df, path.name)
     df = _without_implicit_index(df, path.name, warnings)
     df = _huge_integers_as_text(df, warnings)
     df = _parse_iso_dates(df)
-    df = _missing_markers(df, decimal_comma=delimiter != ",", warnings=warnings)
-    if delimiter != ",":
-        df = _decimal_commas(df, warnings)
+    df = _written_numbers(df, delimiter, warnings)
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
         warnings.append(
@@ -973,11 +1060,57 @@ def _read_csv(
 # semicolons between the fields), or an integer among such numbers.
 _DECIMAL_COMMA_RE = r"^[+-]?\d*,\d+$"
 _INTEGER_RE = r"^[+-]?\d+$"
-
-
+# A number with commas between its thousands ("1,234.50": quoted, in a comma-separated file).
+_THOUSANDS_RE = r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$"
 # Written for a missing number in published data (UCI's "?", a dash, SAS's "."), beyond the
 # markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
 MISSING_MARKERS = frozenset({"?", "-", "--", ".", "missing"})
+
+# A column rule: given a text column and its stripped non-missing values, the column's new
+# values, or None to leave it as it is.
+_ColumnRule = Callable[[pd.Series, pd.Series], Any]
+
+
+def _convert_text_columns(
+    df: pd.DataFrame, rule: _ColumnRule, warnings: list[Warning], warning: Warning
+) -> pd.DataFrame:
+    """Apply `rule` to every column of strings; name the columns it changed in `warning`
+    (added to `warnings` with its message ending in their names) when there are any."""
+    converted = []
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, str) for v in values):
+            continue
+        new = rule(col, values.str.strip())
+        if new is not None:
+            df.isetitem(position, new)
+            converted.append(str(df.columns[position]))
+    if converted:
+        details = {**warning.details, "columns": converted}
+        message = warning.message + ", ".join(converted)
+        warnings.append(Warning(kind=warning.kind, message=message, details=details))
+    return df
+
+
+def _numbers_without(col: pd.Series, separator: str, replacement: str) -> Any:
+    return pd.to_numeric(col.str.strip().str.replace(separator, replacement, regex=False))
+
+
+def _thousands_separators(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Text columns of numbers written with thousands separators ("12,000.00", as spreadsheets
+    export them, quoted) as numbers, with a warning."""
+
+    def rule(col: pd.Series, text: pd.Series) -> Any:
+        grouped = text.str.fullmatch(_THOUSANDS_RE)
+        if not grouped.any() or not (grouped | text.str.fullmatch(_NUMBER_RE.pattern)).all():
+            return None
+        return _numbers_without(col, ",", "").to_numpy()
+
+    message = "numbers written with thousands separators were read as numbers in: "
+    return _convert_text_columns(df, rule, warnings, Warning("thousands_separators", message))
 
 
 def _missing_markers(
@@ -986,37 +1119,22 @@ def _missing_markers(
     """Text columns of numbers where some values are a MISSING_MARKERS marker: the markers as
     missing values and the column as numbers (with `decimal_comma`, numbers written with a
     decimal comma stay text here, for _decimal_commas). With a warning naming the columns."""
-    converted = []
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not all(isinstance(v, str) for v in values):
-            continue
-        text = values.str.strip()
+
+    def rule(col: pd.Series, text: pd.Series) -> Any:
         marked = text.isin(MISSING_MARKERS)
         if not marked.any() or marked.all():
-            continue
+            return None
         rest = text[~marked]
         cleared = col.where(~col.str.strip().isin(MISSING_MARKERS))
         if rest.str.fullmatch(_NUMBER_RE.pattern).all():
-            df.isetitem(position, pd.to_numeric(cleared).to_numpy())
-        elif decimal_comma and rest.str.fullmatch(f"{_DECIMAL_COMMA_RE}|{_INTEGER_RE}").all():
-            df.isetitem(position, cleared.to_numpy())
-        else:
-            continue
-        converted.append(str(df.columns[position]))
-    if converted:
-        warnings.append(
-            Warning(
-                kind="missing_markers",
-                message="values such as '?' or '-' among numbers were read as missing in: "
-                + ", ".join(converted),
-                details={"columns": converted, "markers": sorted(MISSING_MARKERS)},
-            )
-        )
-    return df
+            return pd.to_numeric(cleared).to_numpy()
+        if decimal_comma and rest.str.fullmatch(f"{_DECIMAL_COMMA_RE}|{_INTEGER_RE}").all():
+            return cleared.to_numpy()
+        return None
+
+    message = "values such as '?' or '-' among numbers were read as missing in: "
+    warning = Warning("missing_markers", message, {"markers": sorted(MISSING_MARKERS)})
+    return _convert_text_columns(df, rule, warnings, warning)
 
 
 def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
@@ -1024,33 +1142,26 @@ def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     files not separated by commas (in a comma-separated file a comma inside a number would have
     to be quoted, and "1,500" there is a thousand). A column whose every comma is followed by
     exactly three digits is left as text: "1,500" may be a thousand there too."""
-    converted = []
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not all(isinstance(v, str) for v in values):
-            continue
-        text = values.str.strip()
+
+    def rule(col: pd.Series, text: pd.Series) -> Any:
         commas = text.str.fullmatch(_DECIMAL_COMMA_RE)
         if not commas.any() or not (commas | text.str.fullmatch(_INTEGER_RE)).all():
-            continue
+            return None
         if text[commas].str.fullmatch(r"^[+-]?\d*,\d{3}$").all():
-            continue
-        numbers = pd.to_numeric(col.str.strip().str.replace(",", ".", regex=False))
-        df.isetitem(position, numbers.to_numpy())
-        converted.append(str(df.columns[position]))
-    if converted:
-        warnings.append(
-            Warning(
-                kind="decimal_comma",
-                message="numbers written with a decimal comma were read as numbers in: "
-                + ", ".join(converted),
-                details={"columns": converted},
-            )
-        )
-    return df
+            return None
+        return _numbers_without(col, ",", ".").to_numpy()
+
+    message = "numbers written with a decimal comma were read as numbers in: "
+    return _convert_text_columns(df, rule, warnings, Warning("decimal_comma", message))
+
+
+def _written_numbers(df: pd.DataFrame, delimiter: str, warnings: list[Warning]) -> pd.DataFrame:
+    """Text columns that hold numbers as people write them (missing markers, decimal commas in
+    a file not separated by commas, thousands separators in one that is) as numbers."""
+    df = _missing_markers(df, decimal_comma=delimiter != ",", warnings=warnings)
+    if delimiter != ",":
+        return _decimal_commas(df, warnings)
+    return _thousands_separators(df, warnings)
 
 
 _ISO_DATETIME_RE = (

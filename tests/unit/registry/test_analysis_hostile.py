@@ -286,6 +286,65 @@ def test_question_marks_and_dashes_among_numbers_are_missing_values(
     assert total.data.to_dict("list") == {"s": [3.0], "c": [2]}
 
 
+def test_comment_lines_before_the_header_are_skipped_and_a_hash_header_is_kept(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "notes.csv").write_text("# exported 2024-05-01\n#\n\n# by hand\na,b\n1,2\n3,4\n")
+    (files / "calls.tsv").write_text(
+        "##fileformat=VCFv4.2\n##source=x\n#CHROM\tPOS\tID\n1\t100\trs1\n2\t200\trs2\n"
+    )
+    (files / "hash.csv").write_text("#id,name\n1,a\n2,b\n")
+
+    notes = ok_of(load_dataset({"path": "notes.csv"}, ctx))
+    assert [w.kind for w in notes.warnings] == ["preamble"]
+    assert notes.warnings[0].details == {"lines": 4}
+    assert ctx.load_dataset("notes").to_dict("list") == {"a": [1, 3], "b": [2, 4]}
+    calls = ok_of(load_dataset({"path": "calls.tsv"}, ctx))
+    assert ([c.name for c in calls.schema], calls.rows) == (["#CHROM", "POS", "ID"], 2)
+    assert calls.warnings[0].details == {"lines": 2}
+    hashed = ok_of(load_dataset({"path": "hash.csv"}, ctx))
+    assert ([c.name for c in hashed.schema], hashed.warnings) == (["#id", "name"], [])
+
+
+def test_an_html_page_saved_as_csv_is_a_schema_hint(ctx: ToolContext, files: Path) -> None:
+    (files / "data.csv").write_text(
+        "\n<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n"
+    )
+
+    found = hint(load_dataset, {"path": "data.csv"}, ctx)
+
+    assert (found.hint_kind, "HTML" in str(found)) == ("schema", True)
+    assert ctx.list_datasets() == []
+
+
+def test_spaces_around_column_names_are_trimmed_unless_names_would_clash(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "padded.csv").write_text(" id , total \n1,2\n")
+    (files / "clash.csv").write_text("a, a\n1,2\n")
+
+    padded = ok_of(load_dataset({"path": "padded.csv"}, ctx))
+    assert [c.name for c in padded.schema] == ["id", "total"]
+    assert padded.warnings[0].details == {"renamed": [" id ", " total "]}
+    clash = ok_of(load_dataset({"path": "clash.csv"}, ctx))
+    assert [c.name for c in clash.schema] == ["a", " a"]
+
+
+def test_quoted_numbers_with_thousands_separators_are_numbers(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "sales.csv").write_text(
+        'region,amount,code\nnorth,"1,234.50","1,2"\nsouth,"12,000",7\neast,99.5,8\n'
+    )
+
+    ok = ok_of(load_dataset({"path": "sales.csv"}, ctx))
+
+    assert [w.kind for w in ok.warnings] == ["thousands_separators"]
+    stored = ctx.load_dataset("sales")
+    assert stored["amount"].tolist() == [1234.5, 12000.0, 99.5]
+    assert stored["code"].tolist() == ["1,2", "7", "8"]  # not grouped by thousands: text
+
+
 def test_integers_beyond_64_bits_are_kept_exactly_as_text(ctx: ToolContext, files: Path) -> None:
     (files / "huge.csv").write_text("id,n\n123456789012345678901234567890,1\n,2\n", "utf-8")
 
