@@ -29,18 +29,23 @@ WATCH_INTERVAL_S = 0.2
 CLOSE_TIMEOUT_S = 10.0
 
 OnOpen = Callable[["LiveConnection", list[McpTool]], Awaitable[InventoryReport]]
+OnToolsChanged = Callable[["LiveConnection"], None]
 
 
 class LiveConnection:
     """The supervisor of one connection. `start()` returns once the first session is open and
     its tools are registered (or raises); with `retry_first` (restoring at start-up) it returns
-    at once and keeps retrying in the background."""
+    at once and keeps retrying in the background. When the server says its tools changed (a
+    `notifications/tools/list_changed`, or an event on the `subscriptions/listen` stream the
+    supervisor holds open for a modern server that announces changes), `on_tools_changed` is
+    called; it must not block."""
 
     def __init__(
         self,
         config: ServerConfig,
         *,
         on_open: OnOpen,
+        on_tools_changed: OnToolsChanged | None = None,
         connect_timeout_s: float,
         backoff_s: float,
         backoff_max_s: float,
@@ -52,7 +57,10 @@ class LiveConnection:
         self.identity: dict[str, str] = {}
         self.tools: list[McpTool] = []
         self.tool_names: list[str] = []
+        self.tool_list_changes = 0
+        self.last_tool_change: InventoryReport | None = None
         self._on_open = on_open
+        self._on_tools_changed = on_tools_changed
         self._connect_timeout_s = connect_timeout_s
         self._backoff_s = backoff_s
         self._backoff_max_s = backoff_max_s
@@ -130,8 +138,8 @@ class LiveConnection:
     async def _session(self, *, first: bool) -> None:
         async with AsyncExitStack() as stack:
             async with asyncio.timeout(self._connect_timeout_s):
-                client = await sdk.open_client(self.config, stack, self._http)
-                tools = await _list_tools(client)
+                client = await sdk.open_client(self.config, stack, self._http, self._tools_changed)
+                tools = await list_tools(client)
             self.identity = dict(sdk.server_identity(client))
             self.tools = tools
             report = await self._on_open(self, tools)
@@ -143,7 +151,23 @@ class LiveConnection:
                 self._first.set_result(report)
             elif not first:
                 logger.info("MCP connection %s re-established", self.config.name)
-            await self._watch(client)
+            listener: asyncio.Task[None] | None = None
+            if sdk.uses_listen(client) and sdk.announces_tool_changes(client):
+                listener = asyncio.create_task(
+                    sdk.listen_for_tool_changes(client, self._tools_changed),
+                    name=f"mcp-listen-{self.config.name}",
+                )
+            try:
+                await self._watch(client)
+            finally:
+                if listener is not None:
+                    listener.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await listener
+
+    def _tools_changed(self) -> None:
+        if self._on_tools_changed is not None and not self._closing.is_set():
+            self._on_tools_changed(self)
 
     async def _watch(self, client: Any) -> None:
         while not self._closing.is_set():
@@ -186,14 +210,18 @@ class LiveConnection:
             last_error=self.last_error,
             session_id=self.session_id,
             restarts=self.restarts,
+            tool_list_changes=self.tool_list_changes,
+            last_tool_change=self.last_tool_change,
         )
 
 
-async def _list_tools(client: Any) -> list[McpTool]:
+async def list_tools(client: Any, *, fresh: bool = False) -> list[McpTool]:
+    """Every page of the server's tool listing; `fresh` skips the SDK's response cache (a
+    modern server's listing may be cached for its ttlMs)."""
     tools: list[McpTool] = []
     cursor: str | None = None
     for _ in range(100):  # a server paging forever is cut off
-        page = await client.list_tools(cursor=cursor)
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh" if fresh else "use")
         tools.extend(McpTool(**sdk.tool_from_sdk(t)) for t in page.tools)
         cursor = getattr(page, "next_cursor", None)
         if not cursor:

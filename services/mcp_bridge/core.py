@@ -18,7 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.mcp_bridge import sdk
-from services.mcp_bridge.connection import LiveConnection
+from services.mcp_bridge.connection import LiveConnection, list_tools
 from services.mcp_bridge.content import DEFAULT_EXPORT_MAX_BYTES, result_to_envelope
 from services.mcp_bridge.model import (
     ConnectionInfo,
@@ -47,6 +47,10 @@ from shared.telemetry.tracing import span_attributes, tracer
 logger = logging.getLogger(__name__)
 
 ProgressSink = Callable[[ProgressUpdate], Awaitable[None]]
+
+# A server announcing a tool-list change is re-listed this long after the announcement, so a
+# burst of announcements (a server adding tools one by one) costs one listing.
+TOOLS_CHANGED_DELAY_S = 0.1
 
 
 class ToolSink(Protocol):
@@ -154,6 +158,7 @@ class McpBridge:
         hold_changed: bool = True,
         export_dir: Path | None = None,
         export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
+        tools_changed_delay_s: float = TOOLS_CHANGED_DELAY_S,
     ) -> None:
         self._store = store
         self._sink = sink
@@ -164,8 +169,13 @@ class McpBridge:
         self._hold_changed = hold_changed
         self._export_dir = export_dir
         self._export_max_bytes = export_max_bytes
+        self._tools_changed_delay_s = tools_changed_delay_s
         self._connections: dict[str, LiveConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Per connection: the task re-listing its tools after an announced change, and whether
+        # another announcement came while it ran.
+        self._relists: dict[LiveConnection, asyncio.Task[None]] = {}
+        self._relist_again: set[LiveConnection] = set()
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -174,6 +184,7 @@ class McpBridge:
         return LiveConnection(
             config,
             on_open=self._register,
+            on_tools_changed=self._tools_changed,
             connect_timeout_s=self._connect_timeout_s,
             backoff_s=self._backoff_s,
             backoff_max_s=self._backoff_max_s,
@@ -270,7 +281,87 @@ class McpBridge:
         """Close every connection (shutdown): stored rows stay, tools stay registered."""
         lives = list(self._connections.values())
         self._connections.clear()
+        for task in self._relists.values():
+            task.cancel()
         await asyncio.gather(*(live.close() for live in lives), return_exceptions=True)
+
+    # --- announced tool changes ------------------------------------------------------------
+
+    def _tools_changed(self, live: LiveConnection) -> None:
+        """The server says its tools changed: list and register them again, soon (see
+        TOOLS_CHANGED_DELAY_S), once however many announcements arrive meanwhile."""
+        task = self._relists.get(live)
+        if task is not None and not task.done():
+            self._relist_again.add(live)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._relist(live), name=f"mcp-relist-{live.config.name}"
+        )
+        self._relists[live] = task
+        task.add_done_callback(lambda _: self._relists.pop(live, None))
+
+    async def _relist(self, live: LiveConnection) -> None:
+        """Re-list and register a connection's tools as a Reconnect does (changed definitions
+        held in testing, vanished tools soft-deleted), under the connection's lock. A server
+        down meanwhile is left to its supervisor, which lists the tools when it reopens."""
+        name = live.config.name
+        while True:
+            await asyncio.sleep(self._tools_changed_delay_s)
+            self._relist_again.discard(live)
+            started = time.monotonic()
+            error_type = ""
+            # A trace of its own: the task was made in whatever context the SDK's reader had.
+            with tracer().start_as_current_span(
+                "tools/list",
+                context=otel_context.Context(),
+                kind=SpanKind.CLIENT,
+                attributes=span_attributes(
+                    mcp__method__name="tools/list",
+                    mcp__session__id=live.session_id,
+                    toolmesh__mcp__connection=name,
+                    toolmesh__mcp__trigger="notifications/tools/list_changed",
+                ),
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                try:
+                    async with self._lock(name):
+                        if self._connections.get(name) is not live:
+                            return
+                        async with asyncio.timeout(self._connect_timeout_s):
+                            tools = await list_tools(live.client(), fresh=True)
+                        report = await self._register(live, tools)
+                        live.tools = tools
+                        live.tool_names = list(report.tool_names)
+                        live.tool_list_changes += 1
+                        live.last_tool_change = report
+                except Exception as exc:  # noqa: BLE001 - a failed re-listing keeps the old tools
+                    error_type = getattr(exc, "reason", "") or type(exc).__name__
+                    span.set_attribute("error.type", error_type)
+                    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+                    logger.warning(
+                        "MCP connection %s announced new tools; listing them failed: %s",
+                        name,
+                        getattr(exc, "message", None) or sdk.leaf_exception(exc),
+                    )
+                else:
+                    span.set_attributes(
+                        {
+                            "toolmesh.mcp.tools.added": len(report.added),
+                            "toolmesh.mcp.tools.removed": len(report.removed),
+                            "toolmesh.mcp.tools.changed": len(report.changed),
+                        }
+                    )
+                    logger.info(
+                        "MCP connection %s changed its tools: added %s, removed %s, changed %s",
+                        name,
+                        report.added or "none",
+                        report.removed or "none",
+                        report.changed or "none",
+                    )
+            record_mcp_operation("tools/list", time.monotonic() - started, error_type=error_type)
+            if live not in self._relist_again:
+                return
 
     # --- registration ---------------------------------------------------------------------
 

@@ -162,6 +162,8 @@ class ConnectionInfo:
     last_error: str = ""
     session_id: str = ""
     restarts: int = 0
+    tool_list_changes: int = 0
+    last_tool_change: InventoryReport | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ the SDK's tracer off (`disable_sdk_tracer`): the context it injects is then the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -18,7 +19,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -109,9 +110,35 @@ def _copy_trace_headers(request: Any) -> None:
         return
 
 
-async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState) -> Any:
-    """An entered `mcp.Client` for `config` (a ServerConfig), its resources on `stack`."""
+def _message_handler(on_tools_changed: Callable[[], None] | None) -> Any:
+    """The client's handler of server notifications: `notifications/tools/list_changed` sent
+    on the session (handshake-era servers) calls `on_tools_changed`; the copies the SDK tees
+    from a `subscriptions/listen` stream (stamped with its subscription id) are left to
+    `listen_for_tool_changes`, so one event is one call; everything else is left to the SDK."""
+    from mcp import types
+    from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
+
+    async def handler(message: Any) -> None:
+        if on_tools_changed is None or not isinstance(message, types.ToolListChangedNotification):
+            return
+        meta = getattr(message.params, "meta", None) or {}
+        if SUBSCRIPTION_ID_META_KEY not in meta:
+            on_tools_changed()
+
+    return handler
+
+
+async def open_client(
+    config: Any,
+    stack: AsyncExitStack,
+    http_state: HttpState,
+    on_tools_changed: Callable[[], None] | None = None,
+) -> Any:
+    """An entered `mcp.Client` for `config` (a ServerConfig), its resources on `stack`;
+    `on_tools_changed` is called (on the session's task, so it must not block) whenever the
+    server says its tool list changed."""
     mcp = require_sdk()
+    handler = _message_handler(on_tools_changed)
     if config.transport == "stdio":
         if shutil.which(config.command) is None:
             raise FailedPrecondition(
@@ -133,7 +160,9 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
         errlog = StderrRelay(config.name)
         stack.callback(errlog.close)
         client = mcp.Client(
-            answering(stdio_client(params, errlog=errlog.file)), client_info=_client_info(mcp)
+            answering(stdio_client(params, errlog=errlog.file)),
+            client_info=_client_info(mcp),
+            message_handler=handler,
         )
     else:
         import httpx2
@@ -156,6 +185,7 @@ async def open_client(config: Any, stack: AsyncExitStack, http_state: HttpState)
         client = mcp.Client(
             answering(streamable_http_client(config.url, http_client=http)),
             client_info=_client_info(mcp),
+            message_handler=handler,
         )
     return await stack.enter_async_context(client)
 
@@ -468,6 +498,54 @@ def session_closed(client: Any) -> bool:
     except RuntimeError:
         return True
     return bool(getattr(dispatcher, "_closed", False))
+
+
+def announces_tool_changes(client: Any) -> bool:
+    """Whether the server said (capabilities.tools.listChanged) that it tells when its tools
+    change."""
+    try:
+        tools = client.server_capabilities.tools
+    except (RuntimeError, AttributeError):
+        return False
+    return bool(getattr(tools, "list_changed", False))
+
+
+def uses_listen(client: Any) -> bool:
+    """Whether the session's protocol delivers change events only on a `subscriptions/listen`
+    stream (2026-07-28 and later) rather than as session notifications."""
+    try:
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        return client.protocol_version in MODERN_PROTOCOL_VERSIONS
+    except (ImportError, RuntimeError, AttributeError):
+        return False
+
+
+async def listen_for_tool_changes(client: Any, on_tools_changed: Callable[[], None]) -> None:
+    """Hold a `subscriptions/listen` stream for tool-list changes open until cancelled (modern
+    servers), calling `on_tools_changed` for each event. A dropped stream is opened again and,
+    since events are not replayed, counted as a change; a server that refuses it is logged."""
+    from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+
+    delay = 0.5
+    while True:
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                delay = 0.5
+                async for _event in subscription:
+                    on_tools_changed()
+            return  # the server closed the stream
+        except ListenNotSupportedError:
+            return
+        except SubscriptionLost:
+            on_tools_changed()
+        except Exception as exc:  # noqa: BLE001 - a refused subscription leaves calls working
+            if session_closed(client):
+                return
+            logger.warning("MCP listen for tool changes failed: %s", leaf_exception(exc))
+            return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)
 
 
 def server_identity(client: Any) -> Mapping[str, str]:

@@ -77,6 +77,18 @@ def connection_to_pb(c: ConnectionInfo) -> mpb.Connection:
         last_error=c.last_error,
         session_id=c.session_id,
         restarts=c.restarts,
+        tool_list_changes=c.tool_list_changes,
+        last_tool_change=report_to_pb(c.last_tool_change) if c.last_tool_change else None,
+    )
+
+
+def report_to_pb(report: InventoryReport) -> mpb.ReconnectResponse:
+    return mpb.ReconnectResponse(
+        added=report.added,
+        removed=report.removed,
+        changed=report.changed,
+        tool_names=report.tool_names,
+        renamed=report.renamed,
     )
 
 
@@ -130,14 +142,7 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
     ) -> mpb.ReconnectResponse:
         _require_name(request.name)
         config = config_from_pb(request.server) if request.HasField("server") else None
-        report = await self._core.reconnect(request.name, config)
-        return mpb.ReconnectResponse(
-            added=report.added,
-            removed=report.removed,
-            changed=report.changed,
-            tool_names=report.tool_names,
-            renamed=report.renamed,
-        )
+        return report_to_pb(await self._core.reconnect(request.name, config))
 
     async def ListConnections(
         self, request: mpb.ListConnectionsRequest, context: grpc.aio.ServicerContext

@@ -147,6 +147,13 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         )
         if c.last_error:
             print(f"  last error: {c.last_error}")
+        if c.tool_list_changes:
+            change = c.last_tool_change
+            print(
+                f"  tool list changes announced by the server: {c.tool_list_changes} (the last: "
+                f"{len(change.added)} added, {len(change.removed)} removed, "
+                f"{len(change.changed)} changed and held in testing until approved)"
+            )
     return EXIT_OK
 
 

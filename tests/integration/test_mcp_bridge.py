@@ -91,12 +91,11 @@ def everything_http(everything_cmd: list[str]) -> Iterator[str]:
         proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def http_probe() -> Iterator[str]:
-    """Our streamable HTTP server that answers with the headers and _meta it received."""
+def serve_over_http(module: str, *args: str) -> Iterator[str]:
+    """One of our Python MCP servers over streamable HTTP on a free port: its URL, while up."""
     (port,) = free_ports(1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.mcp_servers.http_probe_server", str(port)],
+        [sys.executable, "-m", module, *args, str(port)],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -104,7 +103,7 @@ def http_probe() -> Iterator[str]:
     )
 
     def listening() -> bool:
-        assert proc.poll() is None, "http_probe_server exited"
+        assert proc.poll() is None, f"{module} exited"
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
@@ -113,7 +112,24 @@ def http_probe() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # an open stream holds up a graceful shutdown
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def http_probe() -> Iterator[str]:
+    """Our streamable HTTP server that answers with the headers and _meta it received."""
+    yield from serve_over_http("tests.mcp_servers.http_probe_server")
+
+
+@pytest.fixture
+def changing_http() -> Iterator[str]:
+    """Our streamable HTTP server whose `grow` tool adds a tool and announces it (one per test:
+    what it grows stays grown)."""
+    yield from serve_over_http("tests.mcp_servers.changing_server", "--http")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -576,6 +592,57 @@ def test_a_changed_tool_is_held_until_approved_through_set_tool_status(
         )
     )
     assert json.loads(approved.result.envelope.ok.data_json) == "widget v2"
+
+
+def test_tools_a_server_adds_while_connected_are_registered_and_callable(
+    mcp_mesh: Mesh, changing_http: str
+) -> None:
+    """A current-protocol server over streamable HTTP announces a new tool on its listen
+    stream; the bridge registers it (its own tools/list span) and the LLM can call it."""
+    name = f"changing_{mcp_mesh.backend}"  # the span collector serves both backends' meshes
+    stub = bridge(mcp_mesh)
+    stub.Connect(
+        mpb.ConnectRequest(
+            server=mpb.ServerConfig(
+                name=name, transport=mpb.TRANSPORT_STREAMABLE_HTTP, url=changing_http
+            )
+        ),
+        timeout=60,
+    )
+    grown = dispatch(mcp_mesh, f"mcp_{name}_grow", {"name": "sprout"}, conversation="mcp-grow")
+    assert json.loads(grown.result.envelope.ok.data_json) == {"result": "added sprout"}
+    conn = wait_for(lambda: (c := connected(mcp_mesh, name)) and c.tool_list_changes >= 1 and c)
+    assert f"mcp_{name}_sprout" in conn.tool_names
+    assert list(conn.last_tool_change.added) == [f"mcp_{name}_sprout"]
+    tools = mcp_mesh.registry.GetToolsForLLM(rpb.GetToolsForLLMRequest(tenant_id="tenant-a"))
+    assert f"mcp_{name}_sprout" in {t.name for t in tools.tools}
+    called = dispatch(mcp_mesh, f"mcp_{name}_sprout", {}, conversation="mcp-sprout")
+    assert json.loads(called.result.envelope.ok.data_json) == {"result": "sprout here"}
+    (listing,) = mcp_mesh.spans.wait_for_sync(
+        lambda s: s.name == "tools/list" and s.attributes.get("toolmesh.mcp.connection") == name,
+        timeout=20,
+    )
+    assert (listing.kind, listing.service_name) == ("CLIENT", "toolmesh-mcp_bridge")
+    assert listing.attributes["toolmesh.mcp.tools.added"] == 1
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli.main",
+            "mcp",
+            "list",
+            "--bridge",
+            mcp_mesh.address("mcp_bridge"),
+        ],
+        env=mcp_mesh.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "tool list changes announced by the server: 1 (the last: 1 added" in listed.stdout
+    stub.Disconnect(mpb.DisconnectRequest(name=name), timeout=60)
 
 
 def test_bad_connections_fail_clearly_and_disconnect_reaps_every_process(mcp_mesh: Mesh) -> None:

@@ -11,6 +11,9 @@ Options:
   --marker-dir DIR    write `start-<pid>` at start, `hang-<request id>` when a hang begins and
                       `cancelled-<request id>` when it is cancelled, so tests can count starts
                       and observe cancellation
+  --announce-changes  declare tools.listChanged and list a `reload` tool that reads the
+                      inventory file again and sends `notifications/tools/list_changed`
+                      (`times` of them, default 1) before it answers
 """
 
 from __future__ import annotations
@@ -117,6 +120,12 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
     {"name": "dup_name", "description": "Already dup_name.", "inputSchema": {"type": "object"}},
 ]
 
+RELOAD_TOOL: dict[str, Any] = {
+    "name": "reload",
+    "description": "Read the inventory file again and announce the change.",
+    "inputSchema": {"type": "object", "properties": {"times": {"type": "integer"}}},
+}
+
 _out_lock = threading.Lock()
 _cancelled: dict[Any, threading.Event] = {}
 
@@ -152,7 +161,14 @@ class Server:
 
     def tools(self) -> list[dict[str, Any]]:
         extra = [{k: v for k, v in t.items() if k != "version"} for t in self.extra]
-        return BUILTIN_TOOLS + extra
+        reload = [RELOAD_TOOL] if self.args.announce_changes else []
+        return BUILTIN_TOOLS + reload + extra
+
+    def reload(self, request_id: Any, arguments: dict[str, Any]) -> None:
+        self.extra = json.loads(Path(self.args.inventory).read_text())
+        for _ in range(int(arguments.get("times", 1))):
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        result(request_id, text(f"reloaded {len(self.extra)} tools"))
 
     def call(self, request_id: Any, params: dict[str, Any]) -> None:
         name = params.get("name")
@@ -170,6 +186,8 @@ class Server:
                 (self.marker / f"cancelled-{request_id}").write_text("")
         elif name == "crash":
             os._exit(3)
+        elif name == "reload" and self.args.announce_changes:
+            self.reload(request_id, arguments)
         elif name == "malformed":
             result(request_id, {"content": [{"type": "image"}], "isError": "perhaps"})
         elif name == "not_unicode":
@@ -232,7 +250,7 @@ class Server:
                 request_id,
                 {
                     "protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                    "capabilities": {"tools": {"listChanged": False}},
+                    "capabilities": {"tools": {"listChanged": self.args.announce_changes}},
                     "serverInfo": {"name": "raw-test-server", "version": "1.0"},
                 },
             )
@@ -252,6 +270,7 @@ def main() -> None:
     parser.add_argument("--slow-start", type=float, default=0.0)
     parser.add_argument("--inventory", default="")
     parser.add_argument("--marker-dir", default="")
+    parser.add_argument("--announce-changes", action="store_true")
     args = parser.parse_args()
     if args.slow_start:
         time.sleep(args.slow_start)

@@ -124,7 +124,7 @@ class ListConnectionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Connection(_message.Message):
-    __slots__ = ("server", "state", "server_name", "server_version", "protocol_version", "tool_names", "last_error", "session_id", "restarts")
+    __slots__ = ("server", "state", "server_name", "server_version", "protocol_version", "tool_names", "last_error", "session_id", "restarts", "tool_list_changes", "last_tool_change")
     SERVER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     SERVER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,8 @@ class Connection(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_LIST_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOOL_CHANGE_FIELD_NUMBER: _ClassVar[int]
     server: ServerConfig
     state: ConnectionState
     server_name: str
@@ -143,7 +145,9 @@ class Connection(_message.Message):
     last_error: str
     session_id: str
     restarts: int
-    def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ..., state: _Optional[_Union[ConnectionState, str]] = ..., server_name: _Optional[str] = ..., server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., last_error: _Optional[str] = ..., session_id: _Optional[str] = ..., restarts: _Optional[int] = ...) -> None: ...
+    tool_list_changes: int
+    last_tool_change: ReconnectResponse
+    def __init__(self, server: _Optional[_Union[ServerConfig, _Mapping]] = ..., state: _Optional[_Union[ConnectionState, str]] = ..., server_name: _Optional[str] = ..., server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., tool_names: _Optional[_Iterable[str]] = ..., last_error: _Optional[str] = ..., session_id: _Optional[str] = ..., restarts: _Optional[int] = ..., tool_list_changes: _Optional[int] = ..., last_tool_change: _Optional[_Union[ReconnectResponse, _Mapping]] = ...) -> None: ...
 
 class ListConnectionsResponse(_message.Message):
     __slots__ = ("connections",)

@@ -1,0 +1,114 @@
+"""Servers that change their tools while connected: an announced change (a handshake-era
+`notifications/tools/list_changed`, or an event on a current-protocol `subscriptions/listen`
+stream) is listed and registered as a Reconnect would, coalescing bursts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.mcp_bridge.model import ConnectionInfo, ServerConfig
+from services.registry.repository import SqlToolRepository
+from shared.contract import Ok
+from tests.unit.mcp_bridge.conftest import BridgeFactory, raw_config
+
+SCHEMA = {"type": "object"}
+
+
+async def settled(
+    bridge: object, name: str, done: Callable[[ConnectionInfo], bool], timeout: float = 20.0
+) -> ConnectionInfo:
+    """The connection's info once `done` holds for it (polling; a test fails past timeout)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            info = {c.server.name: c for c in bridge.list_connections()}[name]  # type: ignore[attr-defined]
+            if done(info):
+                return info
+            await asyncio.sleep(0.05)
+
+
+async def test_an_announced_change_is_registered_once_for_a_burst_and_pins_changed_tools(
+    make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    alpha = {"name": "alpha", "description": "first", "inputSchema": SCHEMA}
+    inventory.write_text(json.dumps([alpha, {**alpha, "name": "beta"}]))
+    bridge = make_bridge(tools_changed_delay_s=0.3)
+    config = raw_config("inv", "--inventory", str(inventory), "--announce-changes")
+    first = await bridge.connect(config)
+    assert {"mcp_inv_alpha", "mcp_inv_beta", "mcp_inv_reload"} <= set(first.tool_names)
+    before = await settled(bridge, "inv", lambda c: c.state == "connected")
+    assert before.tool_list_changes == 0 and before.last_tool_change is None
+
+    # The server changes alpha's schema, drops beta, adds gamma, and says so five times.
+    changed = {**alpha, "inputSchema": {"type": "object", "required": ["x"]}, "version": 2}
+    inventory.write_text(json.dumps([changed, {**alpha, "name": "gamma"}]))
+    answer = await bridge.call_tool("inv", "reload", {"times": 5})
+    assert answer.envelope == Ok(data="reloaded 2 tools")
+
+    info = await settled(bridge, "inv", lambda c: c.tool_list_changes > 0)
+    await asyncio.sleep(0.8)  # any second listing of the same burst would be done by now
+    info = await settled(bridge, "inv", lambda c: True)
+    assert info.tool_list_changes == 1
+    report = info.last_tool_change
+    assert report is not None
+    assert report.added == ["mcp_inv_gamma"]
+    assert report.removed == ["mcp_inv_beta"]
+    assert report.changed == ["mcp_inv_alpha"] == report.held
+    assert "mcp_inv_gamma" in info.tool_names and "mcp_inv_beta" not in info.tool_names
+
+    repo = SqlToolRepository(sqlite_sessions)
+    assert (repo.get("mcp_inv_alpha") or ...).status == "testing"  # type: ignore[union-attr]
+    assert (repo.get("mcp_inv_gamma") or ...).status == "approved"  # type: ignore[union-attr]
+    assert (repo.get("mcp_inv_beta") or ...).deleted_at is not None  # type: ignore[union-attr]
+    assert (await bridge.call_tool("inv", "gamma", {})).envelope == Ok(data="gamma v1")
+
+
+async def test_a_current_protocol_server_announces_new_tools_on_its_listen_stream(
+    make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    bridge = make_bridge(tools_changed_delay_s=0.05)
+    config = ServerConfig(
+        name="changing",
+        transport="stdio",
+        command=sys.executable,
+        args=("-m", "tests.mcp_servers.changing_server"),
+    )
+    first = await bridge.connect(config)
+    assert first.tool_names == ["mcp_changing_grow"]
+    for added in ("extra", "more"):
+        answer = await bridge.call_tool("changing", "grow", {"name": added})
+        assert answer.envelope == Ok(data={"result": f"added {added}"})
+        info = await settled(
+            bridge, "changing", lambda c, a=added: f"mcp_changing_{a}" in c.tool_names
+        )  # type: ignore[misc]
+        assert info.protocol_version >= "2026-07-28"
+    assert info.last_tool_change is not None and info.last_tool_change.added == [
+        "mcp_changing_more"
+    ]
+    repo = SqlToolRepository(sqlite_sessions)
+    assert (repo.get("mcp_changing_extra") or ...).description.startswith("[MCP: changing]")  # type: ignore[union-attr]
+    assert (await bridge.call_tool("changing", "more", {})).envelope == Ok(
+        data={"result": "more here"}
+    )
+
+
+async def test_a_change_announced_during_disconnect_does_not_bring_the_tools_back(
+    make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps([{"name": "alpha", "description": "a", "inputSchema": SCHEMA}]))
+    bridge = make_bridge(tools_changed_delay_s=0.2)
+    await bridge.connect(raw_config("inv", "--inventory", str(inventory), "--announce-changes"))
+    await bridge.call_tool("inv", "reload", {})
+    await bridge.disconnect("inv")  # before the announced change is listed
+    await asyncio.sleep(0.5)
+    repo = SqlToolRepository(sqlite_sessions)
+    for name in ("mcp_inv_alpha", "mcp_inv_echo"):
+        assert (repo.get(name) or ...).deleted_at is not None  # type: ignore[union-attr]
+    assert bridge.list_connections() == []
