@@ -59,6 +59,7 @@ class LiveConnection:
         self.tool_names: list[str] = []
         self.tool_list_changes = 0
         self.last_tool_change: InventoryReport | None = None
+        self.last_relist_at = float("-inf")  # time.monotonic() of the last re-listing
         self._on_open = on_open
         self._on_tools_changed = on_tools_changed
         self._connect_timeout_s = connect_timeout_s

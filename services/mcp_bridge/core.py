@@ -49,8 +49,11 @@ logger = logging.getLogger(__name__)
 ProgressSink = Callable[[ProgressUpdate], Awaitable[None]]
 
 # A server announcing a tool-list change is re-listed this long after the announcement, so a
-# burst of announcements (a server adding tools one by one) costs one listing.
+# burst of announcements (a server adding tools one by one) costs one listing; and never sooner
+# than the minimum interval after its previous re-listing, so a server announcing without end
+# costs the registry one listing a second at most.
 TOOLS_CHANGED_DELAY_S = 0.1
+TOOLS_CHANGED_MIN_INTERVAL_S = 1.0
 
 
 class ToolSink(Protocol):
@@ -159,6 +162,7 @@ class McpBridge:
         export_dir: Path | None = None,
         export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
         tools_changed_delay_s: float = TOOLS_CHANGED_DELAY_S,
+        tools_changed_min_interval_s: float = TOOLS_CHANGED_MIN_INTERVAL_S,
     ) -> None:
         self._store = store
         self._sink = sink
@@ -170,6 +174,7 @@ class McpBridge:
         self._export_dir = export_dir
         self._export_max_bytes = export_max_bytes
         self._tools_changed_delay_s = tools_changed_delay_s
+        self._tools_changed_min_interval_s = tools_changed_min_interval_s
         self._connections: dict[str, LiveConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Per connection: the task re-listing its tools after an announced change, and whether
@@ -289,7 +294,8 @@ class McpBridge:
 
     def _tools_changed(self, live: LiveConnection) -> None:
         """The server says its tools changed: list and register them again, soon (see
-        TOOLS_CHANGED_DELAY_S), once however many announcements arrive meanwhile."""
+        TOOLS_CHANGED_DELAY_S and TOOLS_CHANGED_MIN_INTERVAL_S), once however many
+        announcements arrive meanwhile."""
         task = self._relists.get(live)
         if task is not None and not task.done():
             self._relist_again.add(live)
@@ -306,9 +312,13 @@ class McpBridge:
         down meanwhile is left to its supervisor, which lists the tools when it reopens."""
         name = live.config.name
         while True:
-            await asyncio.sleep(self._tools_changed_delay_s)
+            due = max(
+                time.monotonic() + self._tools_changed_delay_s,
+                live.last_relist_at + self._tools_changed_min_interval_s,
+            )
+            await asyncio.sleep(due - time.monotonic())
             self._relist_again.discard(live)
-            started = time.monotonic()
+            started = live.last_relist_at = time.monotonic()
             error_type = ""
             # A trace of its own: the task was made in whatever context the SDK's reader had.
             with tracer().start_as_current_span(

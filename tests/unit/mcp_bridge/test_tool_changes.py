@@ -112,3 +112,25 @@ async def test_a_change_announced_during_disconnect_does_not_bring_the_tools_bac
     for name in ("mcp_inv_alpha", "mcp_inv_echo"):
         assert (repo.get(name) or ...).deleted_at is not None  # type: ignore[union-attr]
     assert bridge.list_connections() == []
+
+
+async def test_a_server_announcing_without_end_is_listed_at_most_once_per_interval(
+    make_bridge: BridgeFactory, tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps([{"name": "a0", "description": "v", "inputSchema": SCHEMA}]))
+    bridge = make_bridge(tools_changed_delay_s=0.05, tools_changed_min_interval_s=1.5)
+    await bridge.connect(raw_config("spam", "--inventory", str(inventory), "--announce-changes"))
+    started = asyncio.get_running_loop().time()
+    for i in range(1, 9):  # eight announcements over ~0.8 s, each with a new inventory
+        tools = [{"name": f"a{j}", "description": "v", "inputSchema": SCHEMA} for j in range(i + 1)]
+        inventory.write_text(json.dumps(tools))
+        await bridge.call_tool("spam", "reload", {"times": 20})
+        await asyncio.sleep(0.1)
+    # The first listing comes at once, the next not before the interval: the last inventory
+    # is registered, in two listings.
+    info = await settled(bridge, "spam", lambda c: "mcp_spam_a8" in c.tool_names)
+    assert asyncio.get_running_loop().time() - started >= 1.5
+    await asyncio.sleep(0.5)
+    assert (await settled(bridge, "spam", lambda c: True)).tool_list_changes == 2
+    assert info.last_tool_change is not None and "mcp_spam_a8" in info.last_tool_change.added
