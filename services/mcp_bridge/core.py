@@ -54,6 +54,8 @@ ProgressSink = Callable[[ProgressUpdate], Awaitable[None]]
 # costs the registry one listing a second at most.
 TOOLS_CHANGED_DELAY_S = 0.1
 TOOLS_CHANGED_MIN_INTERVAL_S = 1.0
+# A re-listing that failed is tried again after twice the interval of the last try, up to this.
+RELIST_BACKOFF_MAX_S = 30.0
 
 
 class ToolSink(Protocol):
@@ -308,70 +310,90 @@ class McpBridge:
 
     async def _relist(self, live: LiveConnection) -> None:
         """Re-list and register a connection's tools as a Reconnect does (changed definitions
-        held in testing, vanished tools soft-deleted), under the connection's lock. A server
-        down meanwhile is left to its supervisor, which lists the tools when it reopens."""
-        name = live.config.name
+        held in testing, vanished tools soft-deleted), under the connection's lock. A listing
+        or a registration that fails (the registry down, the server's tools/list failing) is
+        tried again with backoff, up to RELIST_BACKOFF_MAX_S apart, until it succeeds or the
+        connection goes; a server down meanwhile is left to its supervisor, which lists the
+        tools when it reopens."""
+        failures = 0
         while True:
+            interval = self._tools_changed_min_interval_s * (2**failures if failures else 1)
             due = max(
                 time.monotonic() + self._tools_changed_delay_s,
-                live.last_relist_at + self._tools_changed_min_interval_s,
+                live.last_relist_at + min(interval, RELIST_BACKOFF_MAX_S),
             )
             await asyncio.sleep(due - time.monotonic())
             self._relist_again.discard(live)
-            started = live.last_relist_at = time.monotonic()
-            error_type = ""
-            # A trace of its own: the task was made in whatever context the SDK's reader had.
-            with tracer().start_as_current_span(
-                "tools/list",
-                context=otel_context.Context(),
-                kind=SpanKind.CLIENT,
-                attributes=span_attributes(
-                    mcp__method__name="tools/list",
-                    mcp__session__id=live.session_id,
-                    toolmesh__mcp__connection=name,
-                    toolmesh__mcp__trigger="notifications/tools/list_changed",
-                ),
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                try:
-                    async with self._lock(name):
-                        if self._connections.get(name) is not live:
-                            return
-                        async with asyncio.timeout(self._connect_timeout_s):
-                            tools = await list_tools(live.client(), fresh=True)
-                        report = await self._register(live, tools)
-                        live.tools = tools
-                        live.tool_names = list(report.tool_names)
-                        live.tool_list_changes += 1
-                        live.last_tool_change = report
-                except Exception as exc:  # noqa: BLE001 - a failed re-listing keeps the old tools
-                    error_type = getattr(exc, "reason", "") or type(exc).__name__
-                    span.set_attribute("error.type", error_type)
-                    span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
-                    logger.warning(
-                        "MCP connection %s announced new tools; listing them failed: %s",
-                        name,
-                        getattr(exc, "message", None) or sdk.leaf_exception(exc),
-                    )
-                else:
-                    span.set_attributes(
-                        {
-                            "toolmesh.mcp.tools.added": len(report.added),
-                            "toolmesh.mcp.tools.removed": len(report.removed),
-                            "toolmesh.mcp.tools.changed": len(report.changed),
-                        }
-                    )
-                    logger.info(
-                        "MCP connection %s changed its tools: added %s, removed %s, changed %s",
-                        name,
-                        report.added or "none",
-                        report.removed or "none",
-                        report.changed or "none",
-                    )
-            record_mcp_operation("tools/list", time.monotonic() - started, error_type=error_type)
-            if live not in self._relist_again:
+            outcome = await self._relist_once(live)
+            if outcome == "gone":
                 return
+            failures = failures + 1 if outcome == "failed" else 0
+            if not failures and live not in self._relist_again:
+                return
+
+    async def _relist_once(self, live: LiveConnection) -> str:
+        """One re-listing: "done", "failed" (worth another try) or "gone" (the connection was
+        closed or replaced, or its server is down)."""
+        name = live.config.name
+        started = live.last_relist_at = time.monotonic()
+        error_type = ""
+        outcome = "done"
+        # A trace of its own: the task was made in whatever context the SDK's reader had.
+        with tracer().start_as_current_span(
+            "tools/list",
+            context=otel_context.Context(),
+            kind=SpanKind.CLIENT,
+            attributes=span_attributes(
+                mcp__method__name="tools/list",
+                mcp__session__id=live.session_id,
+                toolmesh__mcp__connection=name,
+                toolmesh__mcp__trigger="notifications/tools/list_changed",
+            ),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                async with self._lock(name):
+                    if self._connections.get(name) is not live:
+                        return "gone"
+                    try:
+                        client = live.client()
+                    except Unavailable:
+                        return "gone"
+                    async with asyncio.timeout(self._connect_timeout_s):
+                        tools = await list_tools(client, fresh=True)
+                    report = await self._register(live, tools)
+                    live.tools = tools
+                    live.tool_names = list(report.tool_names)
+                    live.tool_list_changes += 1
+                    live.last_tool_change = report
+            except Exception as exc:  # noqa: BLE001 - a failed re-listing keeps the old tools
+                outcome = "failed"
+                error_type = getattr(exc, "reason", "") or type(exc).__name__
+                span.set_attribute("error.type", error_type)
+                span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+                logger.warning(
+                    "MCP connection %s announced new tools; listing them failed (will retry): %s",
+                    name,
+                    getattr(exc, "message", None) or sdk.leaf_exception(exc),
+                )
+            else:
+                span.set_attributes(
+                    {
+                        "toolmesh.mcp.tools.added": len(report.added),
+                        "toolmesh.mcp.tools.removed": len(report.removed),
+                        "toolmesh.mcp.tools.changed": len(report.changed),
+                    }
+                )
+                logger.info(
+                    "MCP connection %s changed its tools: added %s, removed %s, changed %s",
+                    name,
+                    report.added or "none",
+                    report.removed or "none",
+                    report.changed or "none",
+                )
+        record_mcp_operation("tools/list", time.monotonic() - started, error_type=error_type)
+        return outcome
 
     # --- registration ---------------------------------------------------------------------
 

@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.mcp_bridge.model import ConnectionInfo, ServerConfig
+from services.mcp_bridge.core import McpBridge
+from services.mcp_bridge.model import ConnectionInfo, ServerConfig, ToolRegistration
+from services.mcp_bridge.store import SqlConnectionStore
 from services.registry.repository import SqlToolRepository
 from shared.contract import Ok
-from tests.unit.mcp_bridge.conftest import BridgeFactory, raw_config
+from shared.errors import Unavailable
+from tests.unit.mcp_bridge.conftest import BridgeFactory, RepositorySink, raw_config
 
 SCHEMA = {"type": "object"}
 
@@ -134,3 +137,47 @@ async def test_a_server_announcing_without_end_is_listed_at_most_once_per_interv
     await asyncio.sleep(0.5)
     assert (await settled(bridge, "spam", lambda c: True)).tool_list_changes == 2
     assert info.last_tool_change is not None and "mcp_spam_a8" in info.last_tool_change.added
+
+
+class FlakySink(RepositorySink):
+    """The registry, unavailable for its first `failures` upserts after `armed` is set."""
+
+    def __init__(self, repo: SqlToolRepository, failures: int) -> None:
+        super().__init__(repo)
+        self.failures = failures
+        self.armed = False
+
+    async def upsert(self, tools: Sequence[ToolRegistration]) -> None:
+        if self.armed and self.failures > 0:
+            self.failures -= 1
+            raise Unavailable("registry unavailable (test)")
+        await super().upsert(tools)
+
+
+async def test_a_change_the_registry_could_not_take_is_registered_once_it_can(
+    sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps([{"name": "a", "description": "v", "inputSchema": SCHEMA}]))
+    sink = FlakySink(SqlToolRepository(sqlite_sessions), failures=2)
+    bridge = McpBridge(
+        SqlConnectionStore(sqlite_sessions),
+        sink,
+        tools_changed_delay_s=0.05,
+        tools_changed_min_interval_s=0.2,
+    )
+    try:
+        await bridge.connect(
+            raw_config("flaky", "--inventory", str(inventory), "--announce-changes")
+        )
+        tools = [{"name": n, "description": "v", "inputSchema": SCHEMA} for n in ("a", "b")]
+        inventory.write_text(json.dumps(tools))
+        sink.armed = True
+        await bridge.call_tool("flaky", "reload", {})
+        # Two failed tries (0.2 s, then 0.4 s apart), then the registration.
+        info = await settled(bridge, "flaky", lambda c: c.tool_list_changes == 1)
+        assert sink.failures == 0
+        assert "mcp_flaky_b" in info.tool_names
+        assert (SqlToolRepository(sqlite_sessions).get("mcp_flaky_b") or ...).deleted_at is None  # type: ignore[union-attr]
+    finally:
+        await bridge.stop()
