@@ -316,20 +316,23 @@ class McpBridge:
         connection goes; a server down meanwhile is left to its supervisor, which lists the
         tools when it reopens."""
         failures = 0
-        while True:
-            interval = self._tools_changed_min_interval_s * (2**failures if failures else 1)
-            due = max(
-                time.monotonic() + self._tools_changed_delay_s,
-                live.last_relist_at + min(interval, RELIST_BACKOFF_MAX_S),
-            )
-            await asyncio.sleep(due - time.monotonic())
+        try:
+            while True:
+                interval = self._tools_changed_min_interval_s * (2**failures if failures else 1)
+                due = max(
+                    time.monotonic() + self._tools_changed_delay_s,
+                    live.last_relist_at + min(interval, RELIST_BACKOFF_MAX_S),
+                )
+                await asyncio.sleep(due - time.monotonic())
+                self._relist_again.discard(live)
+                outcome = await self._relist_once(live)
+                if outcome == "gone":
+                    return
+                failures = failures + 1 if outcome == "failed" else 0
+                if not failures and live not in self._relist_again:
+                    return
+        finally:
             self._relist_again.discard(live)
-            outcome = await self._relist_once(live)
-            if outcome == "gone":
-                return
-            failures = failures + 1 if outcome == "failed" else 0
-            if not failures and live not in self._relist_again:
-                return
 
     async def _relist_once(self, live: LiveConnection) -> str:
         """One re-listing: "done", "failed" (worth another try) or "gone" (the connection was
@@ -353,15 +356,19 @@ class McpBridge:
             set_status_on_exception=False,
         ) as span:
             try:
+                if self._connections.get(name) is not live:
+                    return "gone"
+                try:
+                    client = live.client()
+                except Unavailable:
+                    return "gone"
+                # Listed outside the lock: a server slow to list must not hold up a Disconnect
+                # or a Reconnect of its connection.
+                async with asyncio.timeout(self._connect_timeout_s):
+                    tools = await list_tools(client, fresh=True)
                 async with self._lock(name):
                     if self._connections.get(name) is not live:
                         return "gone"
-                    try:
-                        client = live.client()
-                    except Unavailable:
-                        return "gone"
-                    async with asyncio.timeout(self._connect_timeout_s):
-                        tools = await list_tools(client, fresh=True)
                     report = await self._register(live, tools)
                     live.tools = tools
                     live.tool_names = list(report.tool_names)

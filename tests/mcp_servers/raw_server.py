@@ -13,7 +13,8 @@ Options:
                       and observe cancellation
   --announce-changes  declare tools.listChanged and list a `reload` tool that reads the
                       inventory file again and sends `notifications/tools/list_changed`
-                      (`times` of them, default 1) before it answers
+                      (`times` of them, default 1) before it answers; with `slow_list` S, the
+                      next tools/list answers only after S seconds
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
 RELOAD_TOOL: dict[str, Any] = {
     "name": "reload",
     "description": "Read the inventory file again and announce the change.",
-    "inputSchema": {"type": "object", "properties": {"times": {"type": "integer"}}},
+    "inputSchema": {
+        "type": "object",
+        "properties": {"times": {"type": "integer"}, "slow_list": {"type": "number"}},
+    },
 }
 
 _out_lock = threading.Lock()
@@ -152,6 +156,7 @@ class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.extra: list[dict[str, Any]] = []
+        self.slow_list = 0.0
         if args.inventory:
             self.extra = json.loads(Path(args.inventory).read_text())
         self.marker = Path(args.marker_dir) if args.marker_dir else None
@@ -166,6 +171,7 @@ class Server:
 
     def reload(self, request_id: Any, arguments: dict[str, Any]) -> None:
         self.extra = json.loads(Path(self.args.inventory).read_text())
+        self.slow_list = float(arguments.get("slow_list", 0))
         for _ in range(int(arguments.get("times", 1))):
             send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         result(request_id, text(f"reloaded {len(self.extra)} tools"))
@@ -255,6 +261,9 @@ class Server:
                 },
             )
         elif method == "tools/list":
+            if self.slow_list:
+                delay, self.slow_list = self.slow_list, 0.0
+                time.sleep(delay)
             result(request_id, {"tools": self.tools()})
         elif method == "tools/call":
             threading.Thread(target=self.call, args=(request_id, params), daemon=True).start()

@@ -181,3 +181,22 @@ async def test_a_change_the_registry_could_not_take_is_registered_once_it_can(
         assert (SqlToolRepository(sqlite_sessions).get("mcp_flaky_b") or ...).deleted_at is None  # type: ignore[union-attr]
     finally:
         await bridge.stop()
+
+
+async def test_a_server_slow_to_list_its_changed_tools_does_not_hold_up_a_disconnect(
+    make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps([{"name": "a", "description": "v", "inputSchema": SCHEMA}]))
+    bridge = make_bridge(tools_changed_delay_s=0.05)
+    await bridge.connect(raw_config("slow", "--inventory", str(inventory), "--announce-changes"))
+    inventory.write_text(json.dumps([{"name": "b", "description": "v", "inputSchema": SCHEMA}]))
+    await bridge.call_tool("slow", "reload", {"slow_list": 60})
+    await asyncio.sleep(0.5)  # the re-listing is waiting for the server's answer
+    started = asyncio.get_running_loop().time()
+    await bridge.disconnect("slow")
+    assert asyncio.get_running_loop().time() - started < 5
+    await asyncio.sleep(0.5)
+    repo = SqlToolRepository(sqlite_sessions)
+    assert (repo.get("mcp_slow_a") or ...).deleted_at is not None  # type: ignore[union-attr]
+    assert repo.get("mcp_slow_b") is None
