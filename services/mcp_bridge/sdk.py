@@ -38,6 +38,10 @@ REQUEST_TIMEOUT = -32001
 PARSE_ERROR = -32700
 _TRACE_KEYS = ("traceparent", "tracestate")
 SESSION_HEADER = "mcp-session-id"
+# What of a server's stderr and log messages the bridge logs: lines clipped to this many
+# characters, at most this many a minute (LineBudget).
+STDERR_LINE_CHARS = 2000
+STDERR_LINES_PER_MIN = 600
 # The instrumentation scope of the SDK's tracer (mcp.shared._otel).
 SDK_TRACER_SCOPE = "mcp-python-sdk"
 
@@ -163,6 +167,7 @@ async def open_client(
             answering(stdio_client(params, errlog=errlog.file)),
             client_info=_client_info(mcp),
             message_handler=handler,
+            logging_callback=server_log_callback(config.name),
         )
     else:
         import httpx2
@@ -186,8 +191,39 @@ async def open_client(
             answering(streamable_http_client(config.url, http_client=http)),
             client_info=_client_info(mcp),
             message_handler=handler,
+            logging_callback=server_log_callback(config.name),
         )
     return await stack.enter_async_context(client)
+
+
+class LineBudget:
+    """What a server may put in the bridge's log: at most `per_minute` lines a minute, the rest
+    counted and reported once the minute is over (a server writing without end must not fill
+    whatever keeps the bridge's output). Used from one thread or one event loop at a time."""
+
+    def __init__(self, name: str, what: str, per_minute: int | None = None) -> None:
+        self._name = name
+        self._what = what
+        self._per_minute = STDERR_LINES_PER_MIN if per_minute is None else per_minute
+        self._window_start = time.monotonic()
+        self._shown = 0
+        self._dropped = 0
+
+    def admit(self) -> bool:
+        now = time.monotonic()
+        if now - self._window_start >= 60:
+            self.report()
+            self._window_start, self._shown = now, 0
+        if self._shown >= self._per_minute:
+            self._dropped += 1
+            return False
+        self._shown += 1
+        return True
+
+    def report(self) -> None:
+        if self._dropped:
+            logger.info("mcp server %s: %d %s dropped", self._name, self._dropped, self._what)
+            self._dropped = 0
 
 
 class StderrRelay:
@@ -211,7 +247,7 @@ class StderrRelay:
             self.file.close()
 
     def _relay(self, read_fd: int) -> None:
-        window_start, shown, dropped = time.monotonic(), 0, 0
+        budget = LineBudget(self._name, "stderr lines")
         with os.fdopen(read_fd, "rb") as pipe:
             while True:
                 line = pipe.readline(STDERR_LINE_CHARS * 4)
@@ -222,19 +258,51 @@ class StderrRelay:
                         rest = pipe.readline(STDERR_LINE_CHARS * 4)
                         if not rest or rest.endswith(b"\n"):
                             break
-                now = time.monotonic()
-                if now - window_start >= 60:
-                    if dropped:
-                        logger.info("mcp server %s: %d stderr lines dropped", self._name, dropped)
-                    window_start, shown, dropped = now, 0, 0
-                if shown >= STDERR_LINES_PER_MIN:
-                    dropped += 1
-                    continue
-                shown += 1
-                text = line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
-                logger.info("mcp server %s: %s", self._name, text)
-        if dropped:
-            logger.info("mcp server %s: %d stderr lines dropped", self._name, dropped)
+                if budget.admit():
+                    text = line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
+                    logger.info("mcp server %s: %s", self._name, text)
+        budget.report()
+
+
+# MCP log levels (RFC 5424 names) as the bridge logs them: a server's own errors are not the
+# bridge's, so nothing a server says is logged above WARNING.
+_SERVER_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "notice": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.WARNING,
+    "critical": logging.WARNING,
+    "alert": logging.WARNING,
+    "emergency": logging.WARNING,
+}
+
+
+def server_log_callback(name: str) -> Any:
+    """The client's `logging_callback`: a server's `notifications/message` logged by the
+    bridge as `mcp server <name> [<logger>] <level>: <data>`, clipped and rate-limited like its
+    stderr (LineBudget). Handshake-era sessions only: the 2026-07-28 protocol deprecates the
+    logging capability (SEP-2577) and makes it a per-request opt-in the bridge does not make."""
+    budget = LineBudget(name, "log messages")
+
+    async def log(params: Any) -> None:
+        if not budget.admit():
+            return
+        level = str(getattr(params, "level", "") or "info")
+        data = getattr(params, "data", None)
+        text = data if isinstance(data, str) else json.dumps(data, default=str)
+        source = getattr(params, "logger", None)
+        where = f" [{str(source)[:100]}]" if source else ""
+        logger.log(
+            _SERVER_LOG_LEVELS.get(level, logging.INFO),
+            "mcp server %s%s %s: %s",
+            name,
+            where,
+            level[:20],
+            text.replace("\n", " ")[:STDERR_LINE_CHARS],
+        )
+
+    return log
 
 
 @asynccontextmanager
@@ -318,8 +386,6 @@ def _readable(item: Any) -> Any:
 
 _SCALAR_END = re.compile(r"[,}\]\s]")
 TOP_LEVEL_SCAN_CHARS = 64 * 1024
-STDERR_LINE_CHARS = 2000
-STDERR_LINES_PER_MIN = 600
 
 
 def _top_level(line: str) -> dict[str, Any] | None:

@@ -58,6 +58,14 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
     },
     {"name": "crash", "description": "Exit the process.", "inputSchema": {"type": "object"}},
     {
+        "name": "log",
+        "description": "Send `count` log messages (notifications/message) at `level`, then answer.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"count": {"type": "integer"}, "level": {"type": "string"}},
+        },
+    },
+    {
         "name": "malformed",
         "description": "Answer with content the protocol does not allow.",
         "inputSchema": {"type": "object"},
@@ -192,6 +200,12 @@ class Server:
                 (self.marker / f"cancelled-{request_id}").write_text("")
         elif name == "crash":
             os._exit(3)
+        elif name == "log":
+            level = arguments.get("level", "error")
+            for i in range(int(arguments.get("count", 1))):
+                params = {"level": level, "logger": "widgets", "data": {"message": f"m{i}"}}
+                send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+            result(request_id, text("logged"))
         elif name == "reload" and self.args.announce_changes:
             self.reload(request_id, arguments)
         elif name == "malformed":

@@ -1,8 +1,12 @@
 """The MCP SDK seam: the SDK's own tracer turned off, so a tools/call is one span (the bridge's)
 and the context the SDK injects into `_meta` is that span's; a server's answer the SDK cannot
-read fails its request at once."""
+read fails its request at once; a server's stderr and log messages reach the bridge's log,
+clipped and rate-limited."""
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -147,3 +151,35 @@ def test_a_servers_stderr_is_logged_clipped_and_rate_limited(
     assert said[0] == "mcp server noisy: " + "x" * sdk.STDERR_LINE_CHARS
     assert said[1:3] == ["mcp server noisy: line 0", "mcp server noisy: line 1"]
     assert said[-1] == "mcp server noisy: 8 stderr lines dropped"
+
+
+async def test_a_servers_log_messages_are_logged_capped_at_warning_and_rate_limited(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, make_bridge: Any
+) -> None:
+    """A server's notifications/message were dropped unseen."""
+    import logging
+
+    from services.mcp_bridge import sdk
+    from tests.unit.mcp_bridge.conftest import raw_config
+
+    monkeypatch.setattr(sdk, "STDERR_LINES_PER_MIN", 4)
+    caplog.set_level(logging.INFO, logger="services.mcp_bridge.sdk")
+    bridge = make_bridge()
+    await bridge.connect(raw_config("chatty"))
+    answer = await bridge.call_tool("chatty", "log", {"count": 10, "level": "critical"})
+    assert answer.envelope.data == "logged"
+
+    def said_so_far() -> list[Any]:
+        return [r for r in caplog.records if r.getMessage().startswith("mcp server chatty [")]
+
+    async with asyncio.timeout(10):  # notifications may be handled after the answer
+        while True:
+            if len(said_so_far()) >= 4:
+                break
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    said = said_so_far()
+    assert [r.getMessage() for r in said] == [
+        f'mcp server chatty [widgets] critical: {{"message": "m{i}"}}' for i in range(4)
+    ]
+    assert {r.levelno for r in said} == {logging.WARNING}  # a server's errors are not ours
