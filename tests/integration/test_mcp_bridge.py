@@ -195,6 +195,27 @@ def everything(mcp_mesh: Mesh, everything_cmd: list[str]) -> mpb.ConnectResponse
     return bridge(mcp_mesh).Connect(stdio("everything", everything_cmd, "stdio"), timeout=60)
 
 
+def mcp_cli(mesh: Mesh, *args: str) -> subprocess.CompletedProcess[str]:
+    """`toolmesh mcp <args>` against the mesh's bridge, as a user runs it."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.cli.main",
+            "mcp",
+            *args,
+            "--bridge",
+            mesh.address("mcp_bridge"),
+        ],
+        env=mesh.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def dispatch(
     mesh: Mesh, name: str, arguments: dict[str, Any], *, conversation: str, metadata: Any = None
 ) -> dpb.DispatchToolCallResponse:
@@ -624,23 +645,8 @@ def test_tools_a_server_adds_while_connected_are_registered_and_callable(
     )
     assert (listing.kind, listing.service_name) == ("CLIENT", "toolmesh-mcp_bridge")
     assert listing.attributes["toolmesh.mcp.tools.added"] == 1
-    listed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shared.cli.main",
-            "mcp",
-            "list",
-            "--bridge",
-            mcp_mesh.address("mcp_bridge"),
-        ],
-        env=mcp_mesh.env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    listed = mcp_cli(mcp_mesh, "list")
+    assert listed.returncode == 0, listed.stderr
     assert "tool list changes announced by the server: 1 (the last: 1 added" in listed.stdout
     stub.Disconnect(mpb.DisconnectRequest(name=name), timeout=60)
 
@@ -683,23 +689,7 @@ def test_the_model_can_search_the_catalog_and_install_a_server(mcp_mesh: Mesh) -
 
 def test_the_cli_connects_lists_reconnects_and_disconnects(mcp_mesh: Mesh) -> None:
     def toolmesh(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "shared.cli.main",
-                "mcp",
-                *args,
-                "--bridge",
-                mcp_mesh.address("mcp_bridge"),
-            ],
-            env=mcp_mesh.env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return mcp_cli(mcp_mesh, *args)
 
     connect = toolmesh(
         "connect", "clitool", "--command", RAW[0], "--arg=-m", f"--arg={RAW[2]}", "--env", "T=abc"

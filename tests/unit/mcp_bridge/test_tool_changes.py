@@ -23,6 +23,18 @@ from tests.unit.mcp_bridge.conftest import BridgeFactory, RepositorySink, raw_co
 SCHEMA = {"type": "object"}
 
 
+def offer(inventory: Path, *names: str) -> None:
+    """Make the raw server's inventory file list these tools (read at start and on `reload`)."""
+    inventory.write_text(
+        json.dumps([{"name": n, "description": "v", "inputSchema": SCHEMA} for n in names])
+    )
+
+
+def announcing(name: str, inventory: Path) -> ServerConfig:
+    """The raw server with `inventory`, announcing changes, as connection `name`."""
+    return raw_config(name, "--inventory", str(inventory), "--announce-changes")
+
+
 async def settled(
     bridge: object, name: str, done: Callable[[ConnectionInfo], bool], timeout: float = 20.0
 ) -> ConnectionInfo:
@@ -42,8 +54,7 @@ async def test_an_announced_change_is_registered_once_for_a_burst_and_pins_chang
     alpha = {"name": "alpha", "description": "first", "inputSchema": SCHEMA}
     inventory.write_text(json.dumps([alpha, {**alpha, "name": "beta"}]))
     bridge = make_bridge(tools_changed_delay_s=0.3)
-    config = raw_config("inv", "--inventory", str(inventory), "--announce-changes")
-    first = await bridge.connect(config)
+    first = await bridge.connect(announcing("inv", inventory))
     assert {"mcp_inv_alpha", "mcp_inv_beta", "mcp_inv_reload"} <= set(first.tool_names)
     before = await settled(bridge, "inv", lambda c: c.state == "connected")
     assert before.tool_list_changes == 0 and before.last_tool_change is None
@@ -105,9 +116,9 @@ async def test_a_change_announced_during_disconnect_does_not_bring_the_tools_bac
     make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps([{"name": "alpha", "description": "a", "inputSchema": SCHEMA}]))
+    offer(inventory, "alpha")
     bridge = make_bridge(tools_changed_delay_s=0.2)
-    await bridge.connect(raw_config("inv", "--inventory", str(inventory), "--announce-changes"))
+    await bridge.connect(announcing("inv", inventory))
     await bridge.call_tool("inv", "reload", {})
     await bridge.disconnect("inv")  # before the announced change is listed
     await asyncio.sleep(0.5)
@@ -121,13 +132,12 @@ async def test_a_server_announcing_without_end_is_listed_at_most_once_per_interv
     make_bridge: BridgeFactory, tmp_path: Path
 ) -> None:
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps([{"name": "a0", "description": "v", "inputSchema": SCHEMA}]))
+    offer(inventory, "a0")
     bridge = make_bridge(tools_changed_delay_s=0.05, tools_changed_min_interval_s=1.5)
-    await bridge.connect(raw_config("spam", "--inventory", str(inventory), "--announce-changes"))
+    await bridge.connect(announcing("spam", inventory))
     started = asyncio.get_running_loop().time()
     for i in range(1, 9):  # eight announcements over ~0.8 s, each with a new inventory
-        tools = [{"name": f"a{j}", "description": "v", "inputSchema": SCHEMA} for j in range(i + 1)]
-        inventory.write_text(json.dumps(tools))
+        offer(inventory, *(f"a{j}" for j in range(i + 1)))
         await bridge.call_tool("spam", "reload", {"times": 20})
         await asyncio.sleep(0.1)
     # The first listing comes at once, the next not before the interval: the last inventory
@@ -158,7 +168,7 @@ async def test_a_change_the_registry_could_not_take_is_registered_once_it_can(
     sqlite_sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps([{"name": "a", "description": "v", "inputSchema": SCHEMA}]))
+    offer(inventory, "a")
     sink = FlakySink(SqlToolRepository(sqlite_sessions), failures=2)
     bridge = McpBridge(
         SqlConnectionStore(sqlite_sessions),
@@ -187,10 +197,10 @@ async def test_a_server_slow_to_list_its_changed_tools_does_not_hold_up_a_discon
     make_bridge: BridgeFactory, sqlite_sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps([{"name": "a", "description": "v", "inputSchema": SCHEMA}]))
+    offer(inventory, "a")
     bridge = make_bridge(tools_changed_delay_s=0.05)
-    await bridge.connect(raw_config("slow", "--inventory", str(inventory), "--announce-changes"))
-    inventory.write_text(json.dumps([{"name": "b", "description": "v", "inputSchema": SCHEMA}]))
+    await bridge.connect(announcing("slow", inventory))
+    offer(inventory, "b")
     await bridge.call_tool("slow", "reload", {"slow_list": 60})
     await asyncio.sleep(0.5)  # the re-listing is waiting for the server's answer
     started = asyncio.get_running_loop().time()
