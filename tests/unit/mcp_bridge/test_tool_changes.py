@@ -23,6 +23,10 @@ from tests.unit.mcp_bridge.conftest import BridgeFactory, RepositorySink, raw_co
 SCHEMA = {"type": "object"}
 
 
+def has_tool(name: str) -> Callable[[ConnectionInfo], bool]:
+    return lambda info: name in info.tool_names
+
+
 def offer(inventory: Path, *names: str) -> None:
     """Make the raw server's inventory file list these tools (read at start and on `reload`)."""
     inventory.write_text(
@@ -98,9 +102,7 @@ async def test_a_current_protocol_server_announces_new_tools_on_its_listen_strea
     for added in ("extra", "more"):
         answer = await bridge.call_tool("changing", "grow", {"name": added})
         assert answer.envelope == Ok(data={"result": f"added {added}"})
-        info = await settled(
-            bridge, "changing", lambda c, a=added: f"mcp_changing_{a}" in c.tool_names
-        )  # type: ignore[misc]
+        info = await settled(bridge, "changing", has_tool(f"mcp_changing_{added}"))
         assert info.protocol_version >= "2026-07-28"
     assert info.last_tool_change is not None and info.last_tool_change.added == [
         "mcp_changing_more"
@@ -142,7 +144,7 @@ async def test_a_server_announcing_without_end_is_listed_at_most_once_per_interv
         await asyncio.sleep(0.1)
     # The first listing comes at once, the next not before the interval: the last inventory
     # is registered, in two listings.
-    info = await settled(bridge, "spam", lambda c: "mcp_spam_a8" in c.tool_names)
+    info = await settled(bridge, "spam", has_tool("mcp_spam_a8"))
     assert asyncio.get_running_loop().time() - started >= 1.5
     await asyncio.sleep(0.5)
     assert (await settled(bridge, "spam", lambda c: True)).tool_list_changes == 2
