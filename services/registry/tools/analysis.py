@@ -11,7 +11,10 @@ the envelope — a Hint rather than a raised HintException)."""
 from __future__ import annotations
 
 import bz2
+import codecs
 import csv
+import datetime
+import decimal
 import difflib
 import functools
 import gzip
@@ -128,6 +131,7 @@ _BOMS = (
 )
 
 FileFormat = Literal["csv", "parquet"]
+_Quoting = Literal[0, 1, 2, 3]  # csv.QUOTE_*
 
 
 class PathOutsideDataRoots(Exception):
@@ -317,6 +321,43 @@ def _load_named(context: ToolContext, name: str) -> tuple[str, pd.DataFrame]:
         return resolved, context.load_dataset(resolved)
     except KeyError:  # removed between list and load
         raise _unknown_dataset(name, [info for info in infos if info.name != resolved]) from None
+
+
+def sql_names(names: Sequence[object]) -> list[str]:
+    """Column names as strings that differ even ignoring case, later repeats suffixed `_2`,
+    `_3`, …: SQL folds the case of names, so of `Name` and `name` a query would read the first
+    whichever it asked for (and `unique_names` keeps both)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for raw in names:
+        base = str(raw)
+        name, n = base, 1
+        while name.lower() in seen:
+            n += 1
+            name = f"{base}_{n}"
+        seen.add(name.lower())
+        out.append(name)
+    return out
+
+
+def _sql_named_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """`df` with sql_names() for columns, an empty name as `column_<position>` (SQL cannot
+    name it: DuckDB calls it v0), and a warning naming those renamed."""
+    blanks = [str(c) if str(c).strip() else f"column_{i + 1}" for i, c in enumerate(df.columns)]
+    names = sql_names(blanks)
+    renamed = [new for old, new in zip(df.columns, names, strict=True) if str(old) != new]
+    if not renamed:
+        return df
+    df.columns = pd.Index(names)
+    warnings.append(
+        Warning(
+            kind="duplicate_columns",
+            message="column names that are empty or repeat (SQL ignores case) were renamed: "
+            + ", ".join(renamed),
+            details={"renamed": renamed},
+        )
+    )
+    return df
 
 
 # --------------------------------------------------------------------------------------------
@@ -737,7 +778,8 @@ def _huge_integers_as_text(df: pd.DataFrame, warnings: list[Warning]) -> pd.Data
         if col.dtype != object:
             continue
         values = col.dropna()
-        if values.empty or not all(isinstance(v, int) for v in values):
+        # bool is an int to Python: a TRUE/FALSE column with blanks is not one of these.
+        if values.empty or not all(type(v) is int for v in values):
             continue
         df.isetitem(position, pd.array([None if pd.isna(v) else str(v) for v in col], dtype="str"))
         converted.append(str(df.columns[position]))
@@ -748,6 +790,155 @@ def _huge_integers_as_text(df: pd.DataFrame, warnings: list[Warning]) -> pd.Data
                 message="integers too large for 64 bits are kept as text in: "
                 + ", ".join(converted),
                 details={"columns": converted},
+            )
+        )
+    return df
+
+
+def _nullable_booleans(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns of TRUE/FALSE with blanks (pandas keeps them as Python objects) as nullable
+    booleans, so they are typed BOOLEAN in SQL and described as booleans."""
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if col.dtype != object:
+            continue
+        values = col.dropna()
+        if not values.empty and all(isinstance(v, bool) for v in values):
+            df.isetitem(position, col.astype("boolean").array)
+    return df
+
+
+def _without_empty_unnamed_last_column(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Drop the last column when its header cell is empty and it holds nothing: the header
+    and every row end with a delimiter (as spreadsheets export them), which would otherwise
+    be a column of nulls named "Unnamed: N"."""
+    if df.shape[1] < 2:
+        return df
+    last = str(df.columns[-1])
+    if not re.fullmatch(r"Unnamed: \d+", last) or not df.iloc[:, -1].isna().all():
+        return df
+    warnings.append(
+        Warning(
+            kind="trailing_delimiter",
+            message="the header and rows end with an extra empty field (a trailing delimiter); "
+            "dropped",
+        )
+    )
+    return df.iloc[:, :-1]
+
+
+# A number written with a leading zero (a ZIP or FIPS code, an account number): its zeros are
+# part of the value, and reading it as a number would drop them.
+_LEADING_ZERO_RE = r"^[+-]?0\d+$"
+# The largest magnitude every integer up to which a float64 holds exactly.
+MAX_EXACT_FLOAT_INTEGER = 2**53
+
+
+def _may_have_leading_zeros(stream: IO[bytes], encoding: str, layout: _CsvLayout) -> bool:
+    """Whether any field of the CSV file `stream` reads may start with a zero followed by a
+    digit: a quick scan of the bytes (a tenth of reading the columns again as text), so that
+    only the files that may hold such numbers pay for that. True for a UTF-16/32 file, whose
+    bytes the scan cannot read."""
+    if not codecs.lookup(encoding).name.startswith(("utf-8", "cp", "latin", "iso8859")):
+        return True
+    before = (
+        re.escape(layout.delimiter.encode("latin-1"))
+        + b'\n\r"'
+        + (b" \t" if layout.initial_space else b"")
+    )
+    pattern = re.compile(b"[" + before + b"]0[0-9]")
+    tail = b"\n"  # the first field of the file starts after a line break
+    while chunk := stream.read(READ_CHUNK_BYTES):
+        if pattern.search(tail + chunk):
+            return True
+        tail = chunk[-2:]
+    return False
+
+
+def _integral_columns(df: pd.DataFrame) -> list[int]:
+    """Positions of the number columns whose values all are whole numbers: an integer column,
+    or a float one (an integer column with blanks), the columns whose text may matter."""
+    positions = []
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if pd.api.types.is_bool_dtype(col.dtype):
+            continue
+        if pd.api.types.is_integer_dtype(col.dtype):
+            positions.append(position)
+        elif pd.api.types.is_float_dtype(col.dtype):
+            values = col.dropna()
+            if not values.empty and bool((values == values.round()).all()):
+                positions.append(position)
+    return positions
+
+
+def _exact_integers(text: pd.Series) -> Any:
+    """Text integers (some missing) as nullable int64, or as text past 64 bits."""
+    numbers = [None if pd.isna(v) else int(v) for v in text]
+    if any(v is not None and not -(2**63) <= v < 2**63 for v in numbers):
+        return text.to_numpy()
+    return pd.array(numbers, dtype="Int64")
+
+
+def _numbers_as_written(
+    df: pd.DataFrame,
+    read_as_text: Callable[[list[int]], pd.DataFrame],
+    may_have_leading_zeros: Callable[[], bool],
+    warnings: list[Warning],
+) -> pd.DataFrame:
+    """Number columns whose text a number would change, as written: with a leading zero
+    (ZIP codes: 01234 read as 1234) as text, and integers beyond 2**53 with blanks among them
+    (pandas makes such a column float64, rounding them) as exact integers. Both named in a
+    warning. Needs the columns' text: `read_as_text` reads the given positions as strings,
+    when `may_have_leading_zeros` or a column's size says it may matter."""
+    positions = _integral_columns(df)
+    if positions and not may_have_leading_zeros():
+        positions = [
+            position
+            for position in positions
+            if pd.api.types.is_float_dtype(df.iloc[:, position].dtype)
+            and df.iloc[:, position].abs().max() > MAX_EXACT_FLOAT_INTEGER
+        ]
+    if not positions:
+        return df
+    try:
+        texts = read_as_text(positions)
+    except (pd.errors.ParserError, ValueError) as exc:  # read once already: not expected
+        logger.warning("could not re-read number columns as text: %s", exc)
+        return df
+    zeros: list[str] = []
+    exact: list[str] = []
+    for position, (_, text) in zip(positions, texts.items(), strict=True):
+        col = df.iloc[:, position]
+        stripped = text.dropna().str.strip()
+        if stripped.str.fullmatch(_LEADING_ZERO_RE).any():
+            df.isetitem(position, text.str.strip().to_numpy())
+            zeros.append(str(df.columns[position]))
+        elif (
+            pd.api.types.is_float_dtype(col.dtype)
+            and col.abs().max() > MAX_EXACT_FLOAT_INTEGER
+            and stripped.str.fullmatch(_INTEGER_RE).all()
+        ):
+            df.isetitem(position, _exact_integers(text))
+            exact.append(str(df.columns[position]))
+    if zeros:
+        warnings.append(
+            Warning(
+                kind="leading_zeros",
+                message="numbers written with leading zeros (codes such as ZIP codes) were kept "
+                "as text to keep their zeros in: "
+                + ", ".join(zeros)
+                + "; CAST them in SQL to compute with them",
+                details={"columns": zeros},
+            )
+        )
+    if exact:
+        warnings.append(
+            Warning(
+                kind="big_integers",
+                message="integers too large for a float, among blanks, were kept exact "
+                "(nullable integers) in: " + ", ".join(exact),
+                details={"columns": exact},
             )
         )
     return df
@@ -764,11 +955,14 @@ def _check_column_names(df: pd.DataFrame, name: str) -> None:
         )
 
 
-def _sample_records(text: str, complete: bool, delimiter: str) -> list[list[str]] | None:
+def _sample_records(
+    text: str, complete: bool, delimiter: str, quoting: _Quoting = csv.QUOTE_MINIMAL
+) -> list[list[str]] | None:
     """The first DELIMITER_SAMPLE_RECORDS + 1 non-blank records of CSV text `text` (`complete`:
-    the whole file) split by `delimiter` with CSV quoting; a record the sample may have cut
-    short is left out. None when csv cannot split it (a field over its size limit, a NUL)."""
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+    the whole file) split by `delimiter` with CSV quoting (or `quoting`); a record the sample
+    may have cut short is left out. None when csv cannot split it (a field over its size
+    limit, a NUL)."""
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting)
     try:
         records = [r for r in itertools.islice(reader, DELIMITER_SAMPLE_RECORDS + 1) if r]
     except csv.Error:
@@ -785,22 +979,27 @@ def _sniff_delimiter(text: str, complete: bool) -> str | None:
     A candidate fits when it splits the header into two or more fields and at least
     DELIMITER_MIN_CONSISTENCY of the sampled records into as many; of those that fit, the one
     giving the most fields wins (ties by DELIMITER_CANDIDATES' order). Records are parsed with
-    CSV quoting, so a separator inside a quoted value does not count."""
+    CSV quoting, so a separator inside a quoted value does not count; or, when that does not
+    fit, without it (a quote that opens a value and never closes swallows the records after
+    it: IMDb's TSV files)."""
     best: tuple[int, str] | None = None
     for candidate in DELIMITER_CANDIDATES:
-        records = _sample_records(text, complete, candidate)
-        if not records or len(records[0]) < 2:
-            continue
-        width, rows = len(records[0]), records[1:]
-        fitting = sum(
-            len(r) == width or (len(r) == width + 1 and r[-1] == "")  # a trailing separator
-            for r in rows
-        )
-        if fitting < DELIMITER_MIN_CONSISTENCY * len(rows):
-            continue
-        if best is None or width > best[0]:
-            best = (width, candidate)
+        for quoting in (csv.QUOTE_MINIMAL, csv.QUOTE_NONE):
+            records = _sample_records(text, complete, candidate, quoting)
+            if records and len(records[0]) >= 2 and _consistent(records):
+                width = len(records[0])
+                if best is None or width > best[0]:
+                    best = (width, candidate)
+                break
     return None if best is None or best[1] == "," else best[1]
+
+
+def _consistent(records: list[list[str]]) -> bool:
+    """Whether at least DELIMITER_MIN_CONSISTENCY of the records after the first have as many
+    fields as it has (or one more, empty: a trailing separator)."""
+    width, rows = len(records[0]), records[1:]
+    fitting = sum(len(r) == width or (len(r) == width + 1 and r[-1] == "") for r in rows)
+    return fitting >= DELIMITER_MIN_CONSISTENCY * len(rows)
 
 
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
@@ -864,6 +1063,13 @@ def _detected_delimiter(text: str, complete: bool, warnings: list[Warning]) -> s
     return sniffed
 
 
+def _excel_separator(line: str) -> str | None:
+    """The separator a first line `sep=;` names (Excel writes it, and reads it, to say which
+    separator the file uses), else None."""
+    match = re.fullmatch(r"\ufeff?sep=(.)\s*", line)
+    return match.group(1) if match is not None and match.group(1) not in '"\r\n' else None
+
+
 @dataclass(frozen=True)
 class _CsvLayout:
     """How a CSV file is laid out, as far as its first lines tell."""
@@ -898,18 +1104,21 @@ def _csv_layout(
             "error page?): fetch the data file itself",
         )
     lines = text.splitlines(keepends=True)
-    preamble = 0
+    excel = _excel_separator(lines[0] if lines else "")
+    if excel is not None and delimiter is None:
+        delimiter = excel
+    start = preamble = int(excel is not None)  # the `sep=` line is skipped like a comment
     while preamble < len(lines) - 1 and (
-        lines[preamble].startswith("#") or (preamble and not lines[preamble].strip())
+        lines[preamble].startswith("#") or (preamble > start and not lines[preamble].strip())
     ):
         preamble += 1
-    while preamble and not lines[preamble - 1].strip():
+    while preamble > start and not lines[preamble - 1].strip():
         preamble -= 1  # blank lines before the header: pandas skips those itself
     rest = "".join(lines[preamble:]) if preamble else text
     if delimiter is None:
         delimiter = _detected_delimiter(rest, complete, warnings)
     records = _sample_records(rest, complete, delimiter) or []
-    if preamble and records:
+    if preamble > start and records:
         # The last '#' line is the header when it has the data's fields ("#CHROM\tPOS…").
         last = lines[preamble - 1]
         fields = next(csv.reader([last], delimiter=delimiter), [])
@@ -917,12 +1126,23 @@ def _csv_layout(
             preamble -= 1
             records = [fields, *records]
             header = True if header is None else header
-    if preamble:
+    if preamble > start:
         warnings.append(
             Warning(
                 kind="preamble",
-                message=f"skipped {preamble} comment line(s) starting with '#' before the header",
-                details={"lines": preamble},
+                message=f"skipped {preamble - start} comment line(s) starting with '#' before "
+                "the header",
+                details={"lines": preamble - start},
+            )
+        )
+    if excel is not None:
+        warnings.append(
+            Warning(
+                kind="delimiter",
+                message="the first line names the separator (Excel's "
+                f"'sep={_shown_delimiter(excel)}'); it was "
+                f"skipped, and fields are separated by {_shown_delimiter(delimiter)!r}",
+                details={"delimiter": delimiter},
             )
         )
     if header is None:
@@ -944,6 +1164,88 @@ def _csv_layout(
             )
         )
     return _CsvLayout(delimiter, header, preamble, spaced)
+
+
+# Reads the file: (encoding, quoting, the column positions to read as text or None for all).
+_CsvRead = Callable[..., pd.DataFrame]
+
+
+def _read_quoted(
+    read: _CsvRead, encoding: str, name: str, warnings: list[Warning]
+) -> tuple[pd.DataFrame, _Quoting]:
+    """The file read with CSV quoting, or without it (see _read_unquoted) when a quote opens a
+    field and never closes (a TSV whose titles start with a quote, as IMDb's do); and the
+    quoting used."""
+    try:
+        return read(encoding, csv.QUOTE_MINIMAL), csv.QUOTE_MINIMAL
+    except pd.errors.ParserError as exc:
+        if "EOF inside string" not in str(exc):
+            raise
+        return _read_unquoted(read, encoding, name, _first_lines(exc), warnings), csv.QUOTE_NONE
+
+
+def _read_unquoted(
+    read: _CsvRead, encoding: str, name: str, problem: str, warnings: list[Warning]
+) -> pd.DataFrame:
+    """The file read with quotes as ordinary characters, with a warning: its quotes do not pair
+    up as CSV quoting (`problem` says where), and reading them as quoting merged rows into one
+    value or ran to the end of the file. A schema Hint when it does not read that way either
+    (a quoted value that holds the separator)."""
+    try:
+        # More fields than the header (a quoted value holding the separator) are an error
+        # here, not a shifted table.
+        df = _without_implicit_index(read(encoding, csv.QUOTE_NONE), name, warnings)
+    except (pd.errors.ParserError, HintException) as exc:
+        raise HintException(
+            "schema",
+            f"the quotes in {name!r} do not pair up ({problem}), and without quoting its rows "
+            f"do not have the header's fields either ({_first_lines(exc)[:300]}): a quote "
+            "opens a value and does not close it; the file needs fixing before it can be loaded",
+        ) from exc
+    warnings.append(
+        Warning(
+            kind="quotes",
+            message=f"the file's quotes do not pair up as CSV quoting ({problem[:200]}); it was "
+            'read with " as an ordinary character, so quoted values keep their quotes',
+        )
+    )
+    return df
+
+
+def _has_line_breaks(col: pd.Series) -> bool:
+    """Whether a value of `col` is text holding a line break."""
+    if col.dtype == object:
+        col = col[col.map(lambda v: isinstance(v, str))]
+    elif not pd.api.types.is_string_dtype(col.dtype):
+        return False
+    return bool(col.str.contains("\n|\r", regex=True, na=False).any())
+
+
+def _broken_quote(
+    df: pd.DataFrame, stream: IO[bytes], encoding: str, layout: _CsvLayout
+) -> str | None:
+    """Where the file's quoting is malformed, when that may have merged rows, else None.
+
+    pandas reads a quote that opens a field but is not closed at its end (`"Weird title` in a
+    TSV) by running on to the next quote, however many lines later, taking every row between
+    into one value and dropping them: a value with a line break in it. Only then is the file
+    read again by Python's strict csv reader, which refuses such a quote."""
+    if not any(_has_line_breaks(col) for _, col in df.items()):
+        return None
+    lines = io.TextIOWrapper(stream, encoding=encoding, errors="replace", newline="")
+    for _ in range(layout.preamble_lines):
+        lines.readline()
+    reader = csv.reader(
+        lines, delimiter=layout.delimiter, skipinitialspace=layout.initial_space, strict=True
+    )
+    try:
+        for _ in reader:
+            pass
+    except csv.Error as exc:
+        if "field limit" in str(exc):  # a long value: nothing wrong with the quotes
+            return None
+        return f"line {reader.line_num}: {exc}"
+    return None
 
 
 def _trimmed_column_names(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
@@ -991,22 +1293,44 @@ def _read_csv(
             warnings=warnings,
         )
         delimiter = layout.delimiter
+
+        def read(
+            encoding: str, quoting: _Quoting, as_text: list[int] | None = None
+        ) -> pd.DataFrame:
+            return pd.read_csv(
+                stream(),
+                sep=layout.delimiter,
+                encoding=encoding,
+                header=0 if layout.header else None,
+                skiprows=layout.preamble_lines,
+                skipinitialspace=layout.initial_space,
+                quoting=quoting,
+                low_memory=False,
+                usecols=as_text,
+                # A trailing delimiter does not shift the positions of the columns as text.
+                index_col=False if as_text is not None else None,
+                dtype=str if as_text is not None else None,
+            )
+
         for encoding in encodings:
             try:
-                df = pd.read_csv(
-                    stream(),
-                    sep=layout.delimiter,
-                    encoding=encoding,
-                    header=0 if layout.header else None,
-                    skiprows=layout.preamble_lines,
-                    skipinitialspace=layout.initial_space,
-                    low_memory=False,
-                )
+                df, quoting = _read_quoted(read, encoding, path.name, warnings)
             except UnicodeError:
                 continue  # the next encoding; Latin-1, the last, decodes any byte sequence
             break
         else:  # pragma: no cover - Latin-1 decodes every byte
             raise AssertionError("unreachable: Latin-1 decodes every byte")
+        if quoting != csv.QUOTE_NONE:
+            broken = _broken_quote(df, stream(), encoding, layout)
+            if broken is not None:
+                df = _read_unquoted(read, encoding, path.name, broken, warnings)
+                quoting = csv.QUOTE_NONE
+
+        def read_as_text(positions: list[int]) -> pd.DataFrame:
+            return read(encoding, quoting, positions)
+
+        def may_have_leading_zeros() -> bool:
+            return _may_have_leading_zeros(stream(), encoding, layout)
     except pd.errors.EmptyDataError as exc:
         raise HintException(
             "schema", f"{path.name!r} is empty: there is no header row to read"
@@ -1032,7 +1356,10 @@ def _read_csv(
         df.columns = pd.Index([f"column_{i + 1}" for i in range(df.shape[1])])
     _check_column_names(df, path.name)
     df = _without_implicit_index(df, path.name, warnings)
+    df = _without_empty_unnamed_last_column(df, warnings)
+    df = _numbers_as_written(df, read_as_text, may_have_leading_zeros, warnings)
     df = _huge_integers_as_text(df, warnings)
+    df = _nullable_booleans(df)
     df = _parse_iso_dates(df)
     df = _written_numbers(df, delimiter, warnings)
     if encoding in ("cp1252", "latin-1"):
@@ -1125,6 +1452,8 @@ def _missing_markers(
         if not marked.any() or marked.all():
             return None
         rest = text[~marked]
+        if rest.str.fullmatch(_LEADING_ZERO_RE).any():
+            return None  # codes such as ZIP codes: their zeros would be lost
         cleared = col.where(~col.str.strip().isin(MISSING_MARKERS))
         if rest.str.fullmatch(_NUMBER_RE.pattern).all():
             return pd.to_numeric(cleared).to_numpy()
@@ -1228,7 +1557,29 @@ def _read_parquet(
                 details={"renamed": renamed},
             )
         )
-    return _arrow_to_pandas(table)
+    return _index_as_columns(_arrow_to_pandas(table), warnings)
+
+
+def _index_as_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """A pandas index the file stores (`__index_level_0__`, or a named one) as leading
+    columns, with a warning: the stored dataset keeps columns only, and would lose it. A range
+    index (0, 1, 2, … kept in the metadata alone) holds no data and is dropped."""
+    if isinstance(df.index, pd.RangeIndex):
+        return df.reset_index(drop=True)
+    names = [
+        str(name) if name is not None else ("index" if df.index.nlevels == 1 else f"level_{i}")
+        for i, name in enumerate(df.index.names)
+    ]
+    df = df.reset_index(allow_duplicates=True)
+    df.columns = pd.Index(sql_names([*names, *df.columns[len(names) :]]))
+    warnings.append(
+        Warning(
+            kind="index_columns",
+            message="the file's pandas index was kept as column(s): "
+            + ", ".join(str(c) for c in df.columns[: len(names)]),
+        )
+    )
+    return df
 
 
 def _parquet_size_estimate(parquet: pq.ParquetFile) -> int:
@@ -1273,6 +1624,7 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             df = _read_csv(opened, path, delimiter, header, limit, warnings)
         else:
             df = _read_parquet(opened, path, limit, warnings)
+    df = _sql_named_columns(df, warnings)
 
     stem = _file_stem(path)
     name = explicit_name if explicit_name is not None else sanitize_identifier(stem)
@@ -1329,9 +1681,23 @@ def preview_data(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
 migrate_tool(preview_data, "preview_data", is_tabular=True)
 
 
+# Python objects pandas keeps in object columns that are numbers or dates all the same
+# (Parquet's DATE and DECIMAL, DuckDB's DATE and TIME).
+_ORDERED_OBJECTS = (datetime.date, datetime.time, decimal.Decimal)
+
+
 def _min_max(col: pd.Series) -> tuple[str | None, str | None]:
     """Min and max of a numeric or date/time column as text; (None, None) otherwise."""
     dtype = col.dtype
+    if pd.api.types.is_object_dtype(dtype):
+        values = col.dropna()
+        kinds = {type(v) for v in values}
+        if values.empty or len(kinds) != 1 or not issubclass(kinds.pop(), _ORDERED_OBJECTS):
+            return None, None
+        try:
+            return str(min(values)), str(max(values))
+        except (TypeError, decimal.InvalidOperation):  # NaN decimals, aware with naive times
+            return None, None
     if pd.api.types.is_bool_dtype(dtype) or not (
         pd.api.types.is_numeric_dtype(dtype)
         or pd.api.types.is_datetime64_any_dtype(dtype)
@@ -1487,11 +1853,47 @@ def _digits(column: pa.ChunkedArray | pa.Array) -> int:
     return len(largest.as_tuple().digits) if largest is not None else 0
 
 
+NANOS_PER_DAY = 86_400 * 10**9
+
+
+def _interval_text(value: Any) -> str:
+    """A month-day-nanosecond interval as DuckDB writes it: `2 months 3 days 04:05:06.5`."""
+    parts = [
+        f"{count} {unit}{'' if abs(count) == 1 else 's'}"
+        for count, unit in ((value.months, "month"), (value.days, "day"))
+        if count
+    ]
+    nanos = value.nanoseconds
+    if nanos or not parts:
+        sign, nanos = ("-" if nanos < 0 else ""), abs(nanos)
+        seconds, fraction = divmod(nanos, 10**9)
+        clock = f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        parts.append(clock + (f".{fraction:09d}".rstrip("0") if fraction else ""))
+    return " ".join(parts)
+
+
+def _interval_values(column: pa.ChunkedArray) -> pa.Array:
+    """An INTERVAL column (a difference of timestamps, age(), …) as durations when none has
+    months (exact; pandas timedeltas, INTERVAL again in SQL), else as DuckDB's text: pandas
+    holds intervals as DateOffset objects, whose repr is all the caller saw."""
+    values = column.to_pylist()
+    nanos = [None if v is None else v.days * NANOS_PER_DAY + v.nanoseconds for v in values]
+    if all(v is None or v.months == 0 for v in values) and all(
+        n is None or -(2**63) <= n < 2**63 for n in nanos
+    ):
+        return pa.array(nanos, type=pa.duration("ns"))
+    return pa.array([None if v is None else _interval_text(v) for v in values], pa.string())
+
+
 def _plain_types(table: pa.Table, warnings: list[Warning] | None = None) -> pa.Table:
     """DuckDB DECIMAL/HUGEINT columns (e.g. sum() of integers) as int64/float64, which pandas
     handles as numbers rather than Python Decimal objects. A column that loses digits that
     way (more than 15 significant digits as a float, an integer past int64) is named in a
-    warning: it was silently rounded."""
+    warning: it was silently rounded. INTERVAL columns as durations or text."""
+    for position, field in enumerate(table.schema):
+        if pa.types.is_interval(field.type):
+            values = _interval_values(table.column(position))
+            table = table.set_column(position, field.name, values)
     fields = []
     changed = False
     for field in table.schema:
@@ -1682,7 +2084,19 @@ def _register(
 ) -> None:
     """Make `table` queryable as `name`. A column DuckDB cannot read (a decimal of more than
     38 digits, and the like) made every query of the conversation fail, SELECT 1 included:
-    it is left out, with a warning naming it and why."""
+    it is left out, with a warning naming it and why. Column names that differ only in case
+    are renamed (see sql_names), with a warning."""
+    names = sql_names(table.column_names)
+    if names != table.column_names:
+        renamed = [new for old, new in zip(table.column_names, names, strict=True) if old != new]
+        table = table.rename_columns(names)
+        warnings.append(
+            Warning(
+                kind="duplicate_columns",
+                message=f"dataset {name!r}: column names that repeat (SQL ignores case) are "
+                "read as " + ", ".join(renamed),
+            )
+        )
     try:
         con.register(name, table)
         return
@@ -1781,7 +2195,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         con.close()
 
     table = _plain_types(table, warnings)
-    names = unique_names(table.column_names)
+    names = sql_names(table.column_names)
     if names != table.column_names:
         table = table.rename_columns(names)
         warnings.append(

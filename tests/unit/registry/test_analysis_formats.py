@@ -1,0 +1,274 @@
+"""The analysis tools against the quirks of published data files: codes with leading zeros,
+Excel's exports, stray quotes, pandas' Parquet index, column names SQL folds together, and the
+types a query gives back. Each value comes back as the file has it, or with a warning saying
+what was done — never silently changed, shifted or dropped."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from services.registry.context import ToolContext
+from services.registry.tools.analysis import describe_entry, load_dataset, query
+from shared.contract import HintException
+
+from . import test_analysis_tools as tools
+
+# The fixtures of the analysis tests, shared.
+db_url = tools.db_url
+make_store = tools.make_store
+store = tools.store
+files = tools.files
+ctx = tools.ctx
+ok_of = tools.ok_of
+
+
+def kinds(ok: object) -> list[str]:
+    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# CSV values
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("zips.csv", b"zip,n\n01234,1\n90210,2\n00501,3\n"),
+        ("blanks.csv", b"zip,n\n01234,1\n,2\n00501,3\n"),  # float64 before: 1234.0
+        ("marked.csv", b"zip,n\n01234,1\n?,2\n00501,3\n"),  # '?' read as missing before
+        ("excel.txt", "zip\tn\r\n01234\t1\r\n90210\t2\r\n00501\t3\r\n".encode("utf-16")),
+    ],
+)
+def test_codes_with_leading_zeros_keep_them(
+    ctx: ToolContext, files: Path, name: str, data: bytes
+) -> None:
+    (files / name).write_bytes(data)
+
+    ok = ok_of(load_dataset({"path": name}, ctx))
+
+    stored = ctx.load_dataset(Path(name).stem)
+    assert stored["zip"].tolist()[0] == "01234" and stored["zip"].tolist()[2] == "00501"
+    assert stored["n"].tolist() == [1, 2, 3]
+    if name != "marked.csv":  # '?' among text is a value, not a number marker
+        assert "leading_zeros" in kinds(ok)
+
+
+def test_numbers_without_leading_zeros_stay_numbers(ctx: ToolContext, files: Path) -> None:
+    (files / "plain.csv").write_text("n,x,d\n10,0.5,2020-01-05\n0,1.0,2021-02-03\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "plain.csv"}, ctx))
+
+    assert "leading_zeros" not in kinds(ok)
+    assert ctx.load_dataset("plain")["n"].tolist() == [10, 0]
+
+
+def test_big_integers_among_blanks_are_not_rounded(ctx: ToolContext, files: Path) -> None:
+    (files / "ids.csv").write_text("id,n\n1234567890123456789,1\n,2\n9007199254740993,3\n")
+
+    ok = ok_of(load_dataset({"path": "ids.csv"}, ctx))
+
+    assert "big_integers" in kinds(ok)
+    ids = ctx.load_dataset("ids")["id"].tolist()
+    assert ids[0] == 1234567890123456789 and ids[2] == 9007199254740993 and pd.isna(ids[1])
+    found = ok_of(query({"sql": "SELECT n FROM ids WHERE id = 9007199254740993"}, ctx))
+    assert found.data["n"].tolist() == [3]
+
+
+def test_true_false_with_blanks_is_a_boolean_column(ctx: ToolContext, files: Path) -> None:
+    (files / "flags.csv").write_text("flag,n\nTRUE,1\nFALSE,2\n,3\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "flags.csv"}, ctx))
+
+    assert kinds(ok) == []  # was: "integers too large for 64 bits are kept as text in: flag"
+    assert ok.schema[0].dtype == "boolean"
+    count = ok_of(query({"sql": "SELECT count(*) AS c FROM flags WHERE flag"}, ctx))
+    assert count.data["c"][0] == 1
+
+
+def test_a_trailing_delimiter_on_the_header_too_adds_no_column(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "ends.csv").write_text("a,b,\n1,2,\n3,4,\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "ends.csv"}, ctx))
+
+    assert kinds(ok) == ["trailing_delimiter"]
+    assert ctx.load_dataset("ends").to_dict("list") == {"a": [1, 3], "b": [2, 4]}
+
+
+@pytest.mark.parametrize("first", ["sep=;\n", "\ufeffsep=;\r\n"])
+def test_excels_separator_line_names_the_separator(
+    ctx: ToolContext, files: Path, first: str
+) -> None:
+    (files / "excel.csv").write_text(first + "a;b\n1;2\n3;4\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "excel.csv"}, ctx))
+
+    assert ctx.load_dataset("excel").to_dict("list") == {"a": [1, 3], "b": [2, 4]}
+    assert "delimiter" in kinds(ok)
+
+
+def _titles(stray: set[int], separator: str) -> str:
+    """An IMDb-like file: some titles start with a quote that nothing closes."""
+    rows = [separator.join(["id", "title", "year"])]
+    for i in range(10):
+        title = '"Weird title' if i in stray else f"Title {i}"
+        rows.append(separator.join([f"tt{i}", title, str(2000 + i)]))
+    return "\n".join(rows) + "\n"
+
+
+@pytest.mark.parametrize("separator", ["\t", ","])
+@pytest.mark.parametrize("stray", [{2, 6}, {2}])
+def test_a_stray_quote_does_not_swallow_rows(
+    ctx: ToolContext, files: Path, separator: str, stray: set[int]
+) -> None:
+    # Two stray quotes: the rows between them were one value (10 rows → 6), silently; one:
+    # a parse error the model could do nothing about.
+    (files / "titles.csv").write_text(_titles(stray, separator), "utf-8")
+
+    ok = ok_of(load_dataset({"path": "titles.csv"}, ctx))
+
+    assert ok.rows == 10 and "quotes" in kinds(ok)
+    stored = ctx.load_dataset("titles")
+    assert stored["year"].tolist() == list(range(2000, 2010))
+    assert stored["title"][2] == '"Weird title'
+
+
+def test_quoted_values_with_line_breaks_still_read_as_quoted(ctx: ToolContext, files: Path) -> None:
+    (files / "notes.csv").write_text('id,note\n1,"a, b\nc"\n2,"say ""hi"""\n', "utf-8")
+
+    ok = ok_of(load_dataset({"path": "notes.csv"}, ctx))
+
+    assert kinds(ok) == []
+    assert ctx.load_dataset("notes")["note"].tolist() == ["a, b\nc", 'say "hi"']
+
+
+def test_unpaired_quotes_that_also_hide_separators_are_a_schema_hint(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "broken.csv").write_text('id,txt\n1,"a, b"\n2,"oops\n3,c\n', "utf-8")
+
+    with pytest.raises(HintException) as excinfo:
+        load_dataset({"path": "broken.csv"}, ctx)
+
+    assert excinfo.value.hint_kind == "schema" and "quotes" in str(excinfo.value)
+    assert ctx.list_datasets() == []
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet and column names
+
+
+def test_a_pandas_index_in_a_parquet_file_is_kept_as_columns(ctx: ToolContext, files: Path) -> None:
+    pd.DataFrame({"v": [1, 2, 3]}, index=[10, 20, 30]).to_parquet(files / "unnamed.parquet")
+    keyed = pd.DataFrame({"v": [1, 2]}, index=pd.Index(["a", "b"], name="key"))
+    keyed.to_parquet(files / "named.parquet")
+    pd.DataFrame({"v": [1, 2]}).to_parquet(files / "ranged.parquet")
+
+    unnamed = ok_of(load_dataset({"path": "unnamed.parquet"}, ctx))
+    named = ok_of(load_dataset({"path": "named.parquet"}, ctx))
+    ranged = ok_of(load_dataset({"path": "ranged.parquet"}, ctx))
+
+    assert ctx.load_dataset("unnamed").to_dict("list") == {"index": [10, 20, 30], "v": [1, 2, 3]}
+    assert [c.name for c in named.schema] == ["key", "v"]  # as stored
+    assert ctx.load_dataset("named")["key"].tolist() == ["a", "b"]
+    assert "index_columns" in kinds(unnamed) and "index_columns" in kinds(named)
+    assert [c.name for c in ranged.schema] == ["v"] and kinds(ranged) == []
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_column_names_differing_only_in_case_are_renamed(
+    ctx: ToolContext, files: Path, suffix: str
+) -> None:
+    frame = pd.DataFrame({"Name": ["upper"], "name": ["lower"]})
+    if suffix == "csv":
+        frame.to_csv(files / "names.csv", index=False)
+    else:
+        frame.to_parquet(files / "names.parquet")
+
+    ok = ok_of(load_dataset({"path": f"names.{suffix}"}, ctx))
+
+    assert [c.name for c in ok.schema] == ["Name", "name_2"]
+    assert "duplicate_columns" in kinds(ok)
+    # Before, "name" read the Name column: SQL folds case, and the first of them won.
+    read = ok_of(query({"sql": 'SELECT "Name", name_2 FROM names'}, ctx))
+    assert read.data.iloc[0].tolist() == ["upper", "lower"]
+
+
+def test_a_stored_dataset_with_names_differing_in_case_is_queried_with_a_warning(
+    ctx: ToolContext,
+) -> None:
+    ctx.save_dataset("saved", pd.DataFrame({"A": [1], "a": [2]}))
+
+    read = ok_of(query({"sql": "SELECT * FROM saved"}, ctx))
+
+    assert read.data.iloc[0].tolist() == [1, 2]
+    assert "duplicate_columns" in kinds(read)
+    assert ok_of(query({"sql": "SELECT a_2 FROM saved"}, ctx)).data["a_2"][0] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# query results and describe_entry
+
+
+def test_intervals_come_back_as_durations_or_readable_text(ctx: ToolContext) -> None:
+    # Before: pandas DateOffset objects, shown as "<DateOffset: days=1, months=0, nanoseco…".
+    ok = ok_of(
+        query(
+            {
+                "sql": "SELECT TIMESTAMP '2020-01-02 03:00' - TIMESTAMP '2020-01-01' AS d, "
+                "INTERVAL 14 MONTH + INTERVAL 90 MINUTE AS m",
+                "save_as": "spans",
+            },
+            ctx,
+        )
+    )
+
+    assert ok.data["d"][0] == pd.Timedelta(days=1, hours=3)
+    assert ok.data["m"][0] == "14 months 01:30:00"
+    again = ok_of(query({"sql": "SELECT d + TIMESTAMP '2020-01-01' AS t FROM spans"}, ctx))
+    assert again.data["t"][0] == pd.Timestamp("2020-01-02 03:00")
+
+
+def test_describe_gives_min_and_max_of_dates_decimals_and_times(
+    ctx: ToolContext, files: Path
+) -> None:
+    table = pa.table(
+        {
+            "day": pa.array([datetime.date(2020, 1, 2), None, datetime.date(1999, 12, 31)]),
+            "price": pa.array(
+                [decimal.Decimal("10.50"), decimal.Decimal("-2.25"), None],
+                type=pa.decimal128(10, 2),
+            ),
+            "at": pa.array([datetime.time(8, 30), datetime.time(23, 59), None]),
+        }
+    )
+    pq.write_table(table, files / "typed.parquet")
+    load_dataset({"path": "typed.parquet"}, ctx)
+
+    described = ok_of(describe_entry({"name": "typed"}, ctx)).data
+
+    rows = {r["column"]: (r["min"], r["max"]) for r in described.to_dict("records")}
+    assert rows == {
+        "day": ("1999-12-31", "2020-01-02"),
+        "price": ("-2.25", "10.50"),
+        "at": ("08:30:00", "23:59:00"),
+    }
+
+
+def test_an_empty_column_name_in_parquet_is_given_one_sql_can_use(
+    ctx: ToolContext, files: Path
+) -> None:
+    pq.write_table(pa.table({"": [1, 2], "v": [3, 4]}), files / "blank.parquet")
+
+    ok = ok_of(load_dataset({"path": "blank.parquet"}, ctx))
+
+    assert [c.name for c in ok.schema] == ["column_1", "v"]  # DuckDB called it v0
+    assert ok_of(query({"sql": "SELECT sum(column_1) AS s FROM blank"}, ctx)).data["s"][0] == 3
