@@ -71,6 +71,16 @@ class LiveConnection:
         self._broken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Future[InventoryReport] | None = None
+        # Held while a listing of this connection is registered (the supervisor's on each
+        # open, a re-listing's) and while Disconnect soft-deletes its tools: a re-listing of an
+        # old session registered after a restarted server's own listing offered tools the
+        # server no longer had, and a restarted server's registration landing after
+        # Disconnect's delete brought a forgotten connection's tools back.
+        self.registration = asyncio.Lock()
+        # A change announced while a session was still being opened (its tools listed and
+        # registered): announced once the session is up, or the bridge, not yet owning the
+        # connection, dropped it.
+        self._announced_while_opening = False
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -103,6 +113,21 @@ class LiveConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.state = "disconnected"
+
+    @property
+    def closing(self) -> bool:
+        """Whether the connection was closed (or retired): nothing of it is registered again."""
+        return self._closing.is_set()
+
+    def retire(self) -> None:
+        """Stop taking announcements and registering reopened sessions, ahead of `close()`
+        (Disconnect, under `registration`, once the tools are deleted)."""
+        self._closing.set()
+
+    def is_current(self, client: Any) -> bool:
+        """Whether `client` is still the connection's open session (not one since replaced by a
+        restart)."""
+        return client is self._client and self.state == "connected"
 
     async def _supervise(self, retry_first: bool) -> None:
         attempt = 0
@@ -137,21 +162,27 @@ class LiveConnection:
         self.state = "disconnected"
 
     async def _session(self, *, first: bool) -> None:
+        self._announced_while_opening = False
         async with AsyncExitStack() as stack:
             async with asyncio.timeout(self._connect_timeout_s):
                 client = await sdk.open_client(self.config, stack, self._http, self._tools_changed)
                 tools = await list_tools(client)
             self.identity = dict(sdk.server_identity(client))
-            self.tools = tools
-            report = await self._on_open(self, tools)
-            self.tool_names = list(report.tool_names)
-            self._client = client
-            self.state = "connected"
+            async with self.registration:
+                if self._closing.is_set():
+                    return  # disconnected meanwhile: its tools are deleted, keep them so
+                self.tools = tools
+                report = await self._on_open(self, tools)
+                self.tool_names = list(report.tool_names)
+                self._client = client
+                self.state = "connected"
             self.last_error = ""
             if self._first is not None and not self._first.done():
                 self._first.set_result(report)
             elif not first:
                 logger.info("MCP connection %s re-established", self.config.name)
+            if self._announced_while_opening:
+                self._tools_changed()
             listener: asyncio.Task[None] | None = None
             if sdk.uses_listen(client) and sdk.announces_tool_changes(client):
                 listener = asyncio.create_task(
@@ -167,8 +198,13 @@ class LiveConnection:
                         await listener
 
     def _tools_changed(self) -> None:
-        if self._on_tools_changed is not None and not self._closing.is_set():
-            self._on_tools_changed(self)
+        if self._on_tools_changed is None or self._closing.is_set():
+            return
+        if self.state != "connected":  # the session is still opening: see _session
+            self._announced_while_opening = True
+            return
+        self._announced_while_opening = False
+        self._on_tools_changed(self)
 
     async def _watch(self, client: Any) -> None:
         while not self._closing.is_set():

@@ -229,7 +229,11 @@ class McpBridge:
                 )
             try:
                 # Tools first: if the registry is down nothing changes and the caller retries.
-                removed = await self._sink.delete([], live.config.created_by)
+                # Under the connection's registration lock, and retired before it is let go:
+                # a server restarting meanwhile must not register its tools after the delete.
+                async with live.registration:
+                    removed = await self._sink.delete([], live.config.created_by)
+                    live.retire()
             except BaseException:
                 self._connections[name] = live
                 raise
@@ -288,9 +292,13 @@ class McpBridge:
         """Close every connection (shutdown): stored rows stay, tools stay registered."""
         lives = list(self._connections.values())
         self._connections.clear()
-        for task in self._relists.values():
+        for live in lives:
+            live.retire()  # no announcement starts another re-listing
+        relists = list(self._relists.values())
+        for task in relists:
             task.cancel()
-        await asyncio.gather(*(live.close() for live in lives), return_exceptions=True)
+        # The re-listings awaited too: one left running (or pending) outlives the bridge.
+        await asyncio.gather(*relists, *(live.close() for live in lives), return_exceptions=True)
 
     # --- announced tool changes ------------------------------------------------------------
 
@@ -356,7 +364,9 @@ class McpBridge:
             set_status_on_exception=False,
         ) as span:
             try:
-                if self._connections.get(name) is not live:
+                # Closed or replaced; one not yet the bridge's (Connect still storing it) is
+                # found under the lock below, which Connect holds until then.
+                if live.closing:
                     return "gone"
                 try:
                     client = live.client()
@@ -366,8 +376,10 @@ class McpBridge:
                 # or a Reconnect of its connection.
                 async with asyncio.timeout(self._connect_timeout_s):
                     tools = await list_tools(client, fresh=True)
-                async with self._lock(name):
-                    if self._connections.get(name) is not live:
+                async with self._lock(name), live.registration:
+                    # A session since restarted was listed (and registered) by its supervisor:
+                    # this listing is older than that one.
+                    if self._connections.get(name) is not live or not live.is_current(client):
                         return "gone"
                     report = await self._register(live, tools)
                     live.tools = tools
@@ -375,6 +387,8 @@ class McpBridge:
                     live.tool_list_changes += 1
                     live.last_tool_change = report
             except Exception as exc:  # noqa: BLE001 - a failed re-listing keeps the old tools
+                if self._gone(live):  # its session closed under it: nothing to retry
+                    return "gone"
                 outcome = "failed"
                 error_type = getattr(exc, "reason", "") or type(exc).__name__
                 span.set_attribute("error.type", error_type)
@@ -401,6 +415,17 @@ class McpBridge:
                 )
         record_mcp_operation("tools/list", time.monotonic() - started, error_type=error_type)
         return outcome
+
+    def _gone(self, live: LiveConnection) -> bool:
+        """Whether a re-listing of `live` has nothing left to do: the connection was closed or
+        replaced, or its server went down (its supervisor lists the tools when it reopens)."""
+        if live.closing or self._connections.get(live.config.name) not in (live, None):
+            return True
+        try:
+            live.client()
+        except Unavailable:
+            return True
+        return False
 
     # --- registration ---------------------------------------------------------------------
 

@@ -42,6 +42,17 @@ SESSION_HEADER = "mcp-session-id"
 # characters, at most this many a minute (LineBudget).
 STDERR_LINE_CHARS = 2000
 STDERR_LINES_PER_MIN = 600
+# A listen stream that stays up this long (seconds) is healthy again: its next drop is retried
+# after the shortest delay (LISTEN_RETRY_S) rather than the last one.
+LISTEN_RETRY_S = 0.5
+LISTEN_RETRY_MAX_S = 30.0
+LISTEN_STABLE_S = 60.0
+# How many records a minute each of the SDK's per-message complaints (a server's unparseable
+# line, an invalid notification) may put in the bridge's log, with its traceback; the rest are
+# counted (SdkLogBudget).
+SDK_LOG_RECORDS_PER_MIN = 30
+SDK_LOG_KINDS = 256
+_SDK_NOISY_LOGGERS = ("mcp.client.stdio", "mcp.client.streamable_http", "client")
 # The instrumentation scope of the SDK's tracer (mcp.shared._otel).
 SDK_TRACER_SCOPE = "mcp-python-sdk"
 
@@ -132,6 +143,47 @@ def _message_handler(on_tools_changed: Callable[[], None] | None) -> Any:
     return handler
 
 
+class SdkLogBudget(logging.Filter):
+    """A filter on the SDK's loggers: each kind of record (logger and message template) at
+    most SDK_LOG_RECORDS_PER_MIN a minute, the rest counted and reported once the minute is
+    over. The SDK logs an error with a traceback for every line a server writes that is not a
+    JSON-RPC message, and a warning with one for every invalid notification: a server writing
+    garbage without end filled the bridge's log, around the LineBudget of its stderr."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._windows: dict[tuple[str, str], list[float]] = {}  # [start, shown, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg)[:200])
+        if key not in self._windows and len(self._windows) >= SDK_LOG_KINDS:
+            # Some SDK messages are f-strings holding what a server sent: past this many kinds,
+            # the rest share one budget (and the table stays bounded).
+            key = (record.name, "(other messages)")
+        now = time.monotonic()
+        window = self._windows.setdefault(key, [now, 0, 0])
+        if now - window[0] >= 60:
+            if window[2]:
+                logger.warning("MCP SDK: %d more %r records dropped", window[2], key[1])
+            window[:] = [now, 0, 0]
+        if window[1] >= SDK_LOG_RECORDS_PER_MIN:
+            window[2] += 1
+            return False
+        window[1] += 1
+        return True
+
+
+_sdk_log_budget = SdkLogBudget()
+
+
+def _budget_sdk_logs() -> None:
+    """Install SdkLogBudget on the SDK's loggers (once)."""
+    for name in _SDK_NOISY_LOGGERS:
+        sdk_logger = logging.getLogger(name)
+        if _sdk_log_budget not in sdk_logger.filters:
+            sdk_logger.addFilter(_sdk_log_budget)
+
+
 async def open_client(
     config: Any,
     stack: AsyncExitStack,
@@ -142,6 +194,7 @@ async def open_client(
     `on_tools_changed` is called (on the session's task, so it must not block) whenever the
     server says its tool list changed."""
     mcp = require_sdk()
+    _budget_sdk_logs()
     handler = _message_handler(on_tools_changed)
     if config.transport == "stdio":
         if shutil.which(config.command) is None:
@@ -259,7 +312,7 @@ class StderrRelay:
                         if not rest or rest.endswith(b"\n"):
                             break
                 if budget.admit():
-                    text = line.decode("utf-8", "replace").rstrip()[:STDERR_LINE_CHARS]
+                    text = one_line(line.decode("utf-8", "replace").rstrip(), STDERR_LINE_CHARS)
                     logger.info("mcp server %s: %s", self._name, text)
         budget.report()
 
@@ -278,6 +331,16 @@ _SERVER_LOG_LEVELS = {
 }
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` clipped to `limit` characters, then with every control character (CR, LF, ESC,
+    the Unicode line separators) a space: what a server says must not forge lines (or
+    terminal escapes) in the bridge's log."""
+    return _CONTROL.sub(" ", text[:limit])
+
+
 def server_log_callback(name: str) -> Any:
     """The client's `logging_callback`: a server's `notifications/message` logged by the
     bridge as `mcp server <name> [<logger>] <level>: <data>`, clipped and rate-limited like its
@@ -290,19 +353,27 @@ def server_log_callback(name: str) -> Any:
             return
         level = str(getattr(params, "level", "") or "info")
         data = getattr(params, "data", None)
-        text = data if isinstance(data, str) else json.dumps(data, default=str)
+        text = data if isinstance(data, str) else _json_text(data)
         source = getattr(params, "logger", None)
-        where = f" [{str(source)[:100]}]" if source else ""
+        where = f" [{one_line(str(source), 100)}]" if source else ""
         logger.log(
             _SERVER_LOG_LEVELS.get(level, logging.INFO),
             "mcp server %s%s %s: %s",
             name,
             where,
-            level[:20],
-            text.replace("\n", " ")[:STDERR_LINE_CHARS],
+            one_line(level, 20),
+            one_line(text, STDERR_LINE_CHARS),
         )
 
     return log
+
+
+def _json_text(data: Any) -> str:
+    """A log message's data as JSON text (whatever the SDK parsed, nested however deep)."""
+    try:
+        return json.dumps(data, default=str)
+    except (ValueError, RecursionError):
+        return repr(data)[:STDERR_LINE_CHARS]
 
 
 @asynccontextmanager
@@ -593,11 +664,11 @@ async def listen_for_tool_changes(client: Any, on_tools_changed: Callable[[], No
     since events are not replayed, counted as a change; a server that refuses it is logged."""
     from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 
-    delay = 0.5
+    delay = LISTEN_RETRY_S
     while True:
+        opened = time.monotonic()
         try:
             async with client.listen(tools_list_changed=True) as subscription:
-                delay = 0.5
                 async for _event in subscription:
                     on_tools_changed()
             return  # the server closed the stream
@@ -610,8 +681,12 @@ async def listen_for_tool_changes(client: Any, on_tools_changed: Callable[[], No
                 return
             logger.warning("MCP listen for tool changes failed: %s", leaf_exception(exc))
             return
+        # Reset only by a stream that stayed up: one acknowledged and dropped at once, again
+        # and again, was re-opened (and its tools re-listed) twice a second without end.
+        if time.monotonic() - opened >= LISTEN_STABLE_S:
+            delay = LISTEN_RETRY_S
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 30.0)
+        delay = min(delay * 2, LISTEN_RETRY_MAX_S)
 
 
 def server_identity(client: Any) -> Mapping[str, str]:

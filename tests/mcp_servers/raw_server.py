@@ -14,7 +14,13 @@ Options:
   --announce-changes  declare tools.listChanged and list a `reload` tool that reads the
                       inventory file again and sends `notifications/tools/list_changed`
                       (`times` of them, default 1) before it answers; with `slow_list` S, the
-                      next tools/list answers only after S seconds
+                      next tools/list answers only after S seconds, and with `params` the
+                      notifications carry these params
+  --change-after-first-list  after answering the first tools/list, add a tool `late` and send
+                      `notifications/tools/list_changed` (a server whose tools change while the
+                      bridge is still registering the first listing)
+
+The `log` tool takes `logger` and `data` to send instead of its defaults.
 """
 
 from __future__ import annotations
@@ -165,6 +171,7 @@ class Server:
         self.args = args
         self.extra: list[dict[str, Any]] = []
         self.slow_list = 0.0
+        self.listed = False
         if args.inventory:
             self.extra = json.loads(Path(args.inventory).read_text())
         self.marker = Path(args.marker_dir) if args.marker_dir else None
@@ -180,8 +187,14 @@ class Server:
     def reload(self, request_id: Any, arguments: dict[str, Any]) -> None:
         self.extra = json.loads(Path(self.args.inventory).read_text())
         self.slow_list = float(arguments.get("slow_list", 0))
+        notification: dict[str, Any] = {
+            "jsonrpc": "2.0",
+            "method": "notifications/tools/list_changed",
+        }
+        if "params" in arguments:
+            notification["params"] = arguments["params"]
         for _ in range(int(arguments.get("times", 1))):
-            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            send(notification)
         result(request_id, text(f"reloaded {len(self.extra)} tools"))
 
     def call(self, request_id: Any, params: dict[str, Any]) -> None:
@@ -203,7 +216,11 @@ class Server:
         elif name == "log":
             level = arguments.get("level", "error")
             for i in range(int(arguments.get("count", 1))):
-                params = {"level": level, "logger": "widgets", "data": {"message": f"m{i}"}}
+                params = {
+                    "level": level,
+                    "logger": arguments.get("logger", "widgets"),
+                    "data": arguments.get("data", {"message": f"m{i}"}),
+                }
                 send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
             result(request_id, text("logged"))
         elif name == "reload" and self.args.announce_changes:
@@ -270,7 +287,12 @@ class Server:
                 request_id,
                 {
                     "protocolVersion": params.get("protocolVersion", "2025-06-18"),
-                    "capabilities": {"tools": {"listChanged": self.args.announce_changes}},
+                    "capabilities": {
+                        "tools": {
+                            "listChanged": self.args.announce_changes
+                            or self.args.change_after_first_list
+                        }
+                    },
                     "serverInfo": {"name": "raw-test-server", "version": "1.0"},
                 },
             )
@@ -279,6 +301,11 @@ class Server:
                 delay, self.slow_list = self.slow_list, 0.0
                 time.sleep(delay)
             result(request_id, {"tools": self.tools()})
+            if self.args.change_after_first_list and not self.listed:
+                late = {"name": "late", "description": "Added after the first listing."}
+                self.extra.append({**late, "inputSchema": {"type": "object"}})
+                send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            self.listed = True
         elif method == "tools/call":
             threading.Thread(target=self.call, args=(request_id, params), daemon=True).start()
         elif method == "ping":
@@ -294,6 +321,7 @@ def main() -> None:
     parser.add_argument("--inventory", default="")
     parser.add_argument("--marker-dir", default="")
     parser.add_argument("--announce-changes", action="store_true")
+    parser.add_argument("--change-after-first-list", action="store_true")
     args = parser.parse_args()
     if args.slow_start:
         time.sleep(args.slow_start)

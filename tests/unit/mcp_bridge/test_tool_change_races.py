@@ -1,0 +1,309 @@
+"""A hostile or unlucky server against the re-listing of announced tool changes: changes
+announced while the bridge is still registering, a server restarting between its announcement
+and the registration or during a Disconnect, garbage announcements, forged log lines and a
+listen stream that drops as soon as it opens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.mcp_bridge.core import McpBridge
+from services.mcp_bridge.model import StoredTool, ToolRegistration
+from services.mcp_bridge.store import SqlConnectionStore
+from services.registry.repository import SqlToolRepository
+from shared.errors import ToolmeshError
+from tests.unit.mcp_bridge.conftest import RepositorySink, raw_config
+from tests.unit.mcp_bridge.test_tool_changes import announcing, has_tool, offer, settled
+
+
+class GatedSink(RepositorySink):
+    """The registry, where the next call of `method` (once `armed`) waits for `gate`."""
+
+    def __init__(self, repo: SqlToolRepository, method: str) -> None:
+        super().__init__(repo)
+        self.method = method
+        self.armed = False
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def _maybe_wait(self, method: str) -> None:
+        if self.armed and method == self.method:
+            self.armed = False
+            self.entered.set()
+            await self.gate.wait()
+
+    async def connection_tools(self, created_by: str) -> list[StoredTool]:
+        await self._maybe_wait("connection_tools")
+        return await super().connection_tools(created_by)
+
+    async def upsert(self, tools: Sequence[ToolRegistration]) -> None:
+        await self._maybe_wait("upsert")
+        await super().upsert(tools)
+
+
+def gated_bridge(
+    sessions: sessionmaker[Session], method: str, **kw: Any
+) -> tuple[McpBridge, GatedSink]:
+    sink = GatedSink(SqlToolRepository(sessions), method)
+    options: dict[str, Any] = {"connect_timeout_s": 20.0, "backoff_s": 0.1, "backoff_max_s": 0.5}
+    options.update(kw)
+    return McpBridge(SqlConnectionStore(sessions), sink, **options), sink
+
+
+def live_names(sessions: sessionmaker[Session], prefix: str) -> set[str]:
+    return {t.name for t in SqlToolRepository(sessions).find() if t.name.startswith(prefix)}
+
+
+async def crash(bridge: McpBridge, name: str) -> None:
+    with contextlib.suppress(ToolmeshError):
+        await bridge.call_tool(name, "crash", {})
+
+
+async def test_a_change_announced_while_connect_registers_the_first_listing_is_registered(
+    sqlite_sessions: sessionmaker[Session],
+) -> None:
+    """The announcement came while the connection was not yet the bridge's: its re-listing
+    found the connection "gone" and the new tool was never offered."""
+    bridge, sink = gated_bridge(sqlite_sessions, "upsert", tools_changed_delay_s=0.05)
+    sink.armed = True
+    try:
+        connecting = asyncio.create_task(
+            bridge.connect(raw_config("late", "--change-after-first-list"))
+        )
+        await sink.entered.wait()
+        await asyncio.sleep(0.3)  # the announcement arrives, its re-listing comes due
+        sink.gate.set()
+        first = await connecting
+        assert "mcp_late_late" not in first.tool_names
+        info = await settled(bridge, "late", has_tool("mcp_late_late"), timeout=10)
+        assert info.tool_list_changes == 1
+        assert "mcp_late_late" in live_names(sqlite_sessions, "mcp_late_")
+    finally:
+        await bridge.stop()
+
+
+async def test_a_relisting_from_before_a_restart_does_not_overwrite_the_restarted_servers_tools(
+    sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A re-listing of the old session registered after the restarted server's own listing:
+    the registry (and ListConnections) offered tools the server no longer had."""
+    inventory = tmp_path / "inventory.json"
+    offer(inventory, "a")
+    bridge, sink = gated_bridge(sqlite_sessions, "connection_tools", tools_changed_delay_s=0.05)
+    try:
+        await bridge.connect(announcing("rs", inventory))
+        offer(inventory, "b")
+        sink.armed = True
+        await bridge.call_tool("rs", "reload", {})
+        await sink.entered.wait()  # the re-listing of [b] is registering
+        offer(inventory, "c")
+        await crash(bridge, "rs")
+        await settled(bridge, "rs", lambda c: c.restarts >= 1, timeout=10)
+        await asyncio.sleep(0.5)  # the restarted server's [c] is listed (and registered)
+        sink.gate.set()
+        info = await settled(bridge, "rs", lambda c: c.state == "connected", timeout=10)
+        await asyncio.sleep(0.3)
+        info = await settled(bridge, "rs", lambda c: True)
+        assert "mcp_rs_c" in info.tool_names and "mcp_rs_b" not in info.tool_names
+        names = live_names(sqlite_sessions, "mcp_rs_")
+        assert "mcp_rs_c" in names and "mcp_rs_b" not in names
+    finally:
+        await bridge.stop()
+
+
+async def test_a_server_restarting_during_disconnect_does_not_bring_its_tools_back(
+    sqlite_sessions: sessionmaker[Session],
+) -> None:
+    """Disconnect soft-deleted the tools while the restarted server's registration was in
+    flight; that registration then landed: the tools of a forgotten connection were live."""
+    bridge, sink = gated_bridge(sqlite_sessions, "upsert")
+    try:
+        await bridge.connect(raw_config("rd"))
+        sink.armed = True
+        await crash(bridge, "rd")
+        await sink.entered.wait()  # the restarted server's tools are being registered
+        disconnecting = asyncio.create_task(bridge.disconnect("rd"))
+        await asyncio.sleep(0.3)
+        sink.gate.set()
+        await disconnecting
+        assert live_names(sqlite_sessions, "mcp_rd_") == set()
+        assert bridge.list_connections() == []
+    finally:
+        await bridge.stop()
+
+
+async def test_a_listing_cut_short_by_disconnect_is_not_reported_as_a_failure(
+    make_bridge: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The closed session failed the re-listing, which warned "will retry" (and did, once)."""
+    caplog.set_level(logging.INFO, logger="services.mcp_bridge.core")
+    inventory = tmp_path / "inventory.json"
+    offer(inventory, "a")
+    bridge = make_bridge(tools_changed_delay_s=0.05, tools_changed_min_interval_s=0.1)
+    await bridge.connect(announcing("cut", inventory))
+    await bridge.call_tool("cut", "reload", {"slow_list": 60})
+    await asyncio.sleep(0.5)  # the re-listing waits for the server's answer
+    await bridge.disconnect("cut")
+    await asyncio.sleep(0.5)
+    assert not [r for r in caplog.records if "listing them failed" in r.getMessage()]
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("mcp-relist-cut")]
+
+
+@pytest.mark.parametrize("params", ["garbage", [1, 2], {"_meta": "x"}, {"_meta": {"a": [None]}}])
+async def test_a_list_changed_with_garbage_params_leaves_the_connection_working(
+    make_bridge: Any, tmp_path: Path, params: object
+) -> None:
+    inventory = tmp_path / "inventory.json"
+    offer(inventory, "a")
+    bridge = make_bridge(tools_changed_delay_s=0.05)
+    await bridge.connect(announcing("gb", inventory))
+    offer(inventory, "a", "b")
+    answer = await bridge.call_tool("gb", "reload", {"params": params, "times": 50})
+    assert answer.envelope.data == "reloaded 2 tools"
+    await asyncio.sleep(0.5)
+    assert (await bridge.call_tool("gb", "echo", {"message": "hi"})).envelope.data == "Echo: hi"
+    info = await settled(bridge, "gb", lambda c: True)
+    assert info.state == "connected" and info.tool_list_changes <= 1
+
+
+async def test_a_server_log_message_cannot_forge_lines_in_the_bridges_log(
+    make_bridge: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The logger name went into the bridge's log as sent, and the data kept its CRs: a
+    server could write lines of its own (`... CRITICAL toolmesh: ...`) into the bridge's log."""
+    caplog.set_level(logging.INFO, logger="services.mcp_bridge.sdk")
+    bridge = make_bridge()
+    await bridge.connect(raw_config("forger"))
+    forged = "\n2026-01-01 CRITICAL services.registry: keys leaked\r\x1b[2J"
+    for arguments in (
+        {"logger": "w" + forged, "data": "x"},
+        {"data": "y" + forged},
+        {"data": {"nested": forged}},
+        {"data": "z" * 3_000_000},
+    ):
+        await bridge.call_tool("forger", "log", {"level": "info", **arguments})
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "forger [" in r.getMessage()]
+
+    async with asyncio.timeout(10):  # notifications may be handled after the answer
+        while True:
+            if len(said()) >= 4:
+                break
+            await asyncio.sleep(0.02)
+    messages = said()
+    for message in messages:
+        assert not any(c in message for c in "\r\n\x1b"), message
+        assert len(message) < 2200
+    assert messages[-1].endswith("z" * 100)
+
+
+async def test_a_server_writing_garbage_without_end_does_not_fill_the_bridges_log(
+    make_bridge: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK logged an error with a traceback for each of a server's unreadable messages,
+    past the budget the server's stderr and log messages have."""
+    from services.mcp_bridge import sdk
+
+    monkeypatch.setattr(sdk, "SDK_LOG_RECORDS_PER_MIN", 5)
+    monkeypatch.setattr(sdk._sdk_log_budget, "_windows", {})  # a fresh minute
+    caplog.set_level(logging.WARNING)
+    inventory = tmp_path / "inventory.json"
+    offer(inventory, "a")
+    bridge = make_bridge()
+    await bridge.connect(announcing("garbage", inventory))
+    await bridge.call_tool("garbage", "reload", {"params": "garbage", "times": 200})
+    await bridge.call_tool("garbage", "reload", {"params": {"_meta": "x"}, "times": 200})
+    await asyncio.sleep(0.5)
+    kinds: dict[tuple[str, str], int] = {}
+    for record in caplog.records:
+        if record.name.startswith(("mcp", "client")):
+            key = (record.name, str(record.msg))
+            kinds[key] = kinds.get(key, 0) + 1
+    assert kinds and max(kinds.values()) <= 5, kinds
+    assert (
+        await bridge.call_tool("garbage", "echo", {"message": "ok"})
+    ).envelope.data == "Echo: ok"
+
+
+class _DroppingClient:
+    """A modern client whose listen stream is acknowledged and dropped at once, every time."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    @contextlib.asynccontextmanager
+    async def listen(self, **_: Any) -> Any:
+        from mcp.client.subscriptions import SubscriptionLost
+
+        self.opened += 1
+
+        async def events() -> Any:
+            raise SubscriptionLost("dropped")
+            yield  # an async generator
+
+        yield events()
+
+
+async def test_a_listen_stream_dropped_as_soon_as_it_opens_is_reopened_with_growing_delays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each acknowledgment reset the delay: the stream was re-opened (and the tools re-listed)
+    twice a second for as long as the server kept dropping it."""
+    from types import SimpleNamespace
+
+    from services.mcp_bridge import sdk
+
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        if len(delays) == 7:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(sdk, "asyncio", SimpleNamespace(sleep=sleep))
+    client = _DroppingClient()
+    changes: list[None] = []
+    with pytest.raises(asyncio.CancelledError):
+        await sdk.listen_for_tool_changes(client, lambda: changes.append(None))
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
+    assert client.opened == len(changes) == 7
+
+
+def test_the_sdk_log_budget_stays_bounded_when_messages_carry_what_a_server_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some SDK messages are f-strings with a server's text in them: each a kind of its own, they
+    grew the budget's table without end and each got the whole budget."""
+    from services.mcp_bridge import sdk
+
+    monkeypatch.setattr(sdk, "SDK_LOG_RECORDS_PER_MIN", 3)
+    monkeypatch.setattr(sdk, "SDK_LOG_KINDS", 10)
+    budget = sdk.SdkLogBudget()
+    passed = sum(
+        budget.filter(
+            logging.LogRecord(
+                "mcp.client.streamable_http",
+                logging.WARNING,
+                "",
+                0,
+                f"Unknown SSE event: e{i}",
+                None,
+                None,
+            )
+        )
+        for i in range(1000)
+    )
+    assert len(budget._windows) <= 11
+    assert passed <= 10 * 3 + 3
