@@ -213,9 +213,30 @@ class McpBridge:
             live = self._new(config)
             report = await live.start()
             assert report is not None
+            try:
+                await asyncio.to_thread(self._store.save, config)
+            except BaseException:
+                # Not stored, so not connected: a running server and registered tools the
+                # caller was told failed (and a retry refused as existing) were left behind.
+                await self._abandon(live)
+                raise
             self._connections[config.name] = live
-            await asyncio.to_thread(self._store.save, config)
             return report
+
+    async def _abandon(self, live: LiveConnection) -> None:
+        """Undo a connection that could not be stored: its tools deleted (best effort: the
+        registry may be what failed), its server stopped."""
+        async with live.registration:
+            live.retire()
+            try:
+                await self._sink.delete([], live.config.created_by)
+            except Exception as exc:  # noqa: BLE001 - the save's error is the one to report
+                logger.warning(
+                    "MCP connection %s was not stored, and its tools could not be removed: %s",
+                    live.config.name,
+                    exc,
+                )
+        await live.close()
 
     async def disconnect(self, name: str) -> list[str]:
         """Close the connection (reaping its process), soft-delete its tools, forget it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from services.mcp_bridge.core import McpBridge
 from services.mcp_bridge.model import StoredTool, ToolRegistration
 from services.mcp_bridge.store import SqlConnectionStore
 from services.registry.repository import SqlToolRepository
-from shared.errors import ToolmeshError
+from shared.errors import ToolmeshError, Unavailable
 from tests.unit.mcp_bridge.conftest import RepositorySink, raw_config
 from tests.unit.mcp_bridge.test_tool_changes import announcing, has_tool, offer, settled
 
@@ -307,3 +308,38 @@ def test_the_sdk_log_budget_stays_bounded_when_messages_carry_what_a_server_sent
     )
     assert len(budget._windows) <= 11
     assert passed <= 10 * 3 + 3
+
+
+class _StoreDownOnce(SqlConnectionStore):
+    """The connection store, failing its first save (the database gone for a moment)."""
+
+    failed = False
+
+    def save(self, config: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise Unavailable("database unavailable (test)", reason="DATABASE_UNAVAILABLE")
+        super().save(config)
+
+
+async def test_a_connection_that_could_not_be_stored_leaves_nothing_behind(
+    sqlite_sessions: sessionmaker[Session],
+) -> None:
+    """Connect answered UNAVAILABLE, yet the server kept running, its tools stayed offered
+    and a retry was refused as an existing connection."""
+    from tests.unit.mcp_bridge.test_core import children_of
+
+    repo = SqlToolRepository(sqlite_sessions)
+    bridge = McpBridge(_StoreDownOnce(sqlite_sessions), RepositorySink(repo))
+    try:
+        before = children_of(os.getpid())
+        with pytest.raises(Unavailable):
+            await bridge.connect(raw_config("unsaved"))
+        assert bridge.list_connections() == []
+        assert (repo.get("mcp_unsaved_echo") or ...).deleted_at is not None  # type: ignore[union-attr]
+        assert set(children_of(os.getpid())) - set(before) == set()
+        again = await bridge.connect(raw_config("unsaved"))  # not "exists"
+        assert "mcp_unsaved_echo" in again.tool_names
+        assert (repo.get("mcp_unsaved_echo") or ...).deleted_at is None  # type: ignore[union-attr]
+    finally:
+        await bridge.stop()
