@@ -179,6 +179,7 @@ class McpBridge:
         self._tools_changed_min_interval_s = tools_changed_min_interval_s
         self._connections: dict[str, LiveConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._naming = asyncio.Lock()  # see _register
         # Per connection: the task re-listing its tools after an announced change, and whether
         # another announcement came while it ran.
         self._relists: dict[LiveConnection, asyncio.Task[None]] = {}
@@ -451,6 +452,14 @@ class McpBridge:
     # --- registration ---------------------------------------------------------------------
 
     async def _register(self, live: LiveConnection, tools: list[McpTool]) -> InventoryReport:
+        """_register_names, one connection at a time: names are chosen against the other
+        connections' registered tools, so two connections registering at once (`a_b` with a
+        tool `c`, `a` with a tool `b_c`) both took `mcp_a_b_c`, the second overwriting the
+        first's."""
+        async with self._naming:
+            return await self._register_names(live, tools)
+
+    async def _register_names(self, live: LiveConnection, tools: list[McpTool]) -> InventoryReport:
         """Register a listing: names, `[MCP: conn]` descriptions, pinned definition hashes.
         A changed definition is held in `testing` (with hold_changed); tools gone from the
         server are soft-deleted."""

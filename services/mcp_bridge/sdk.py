@@ -220,7 +220,7 @@ async def open_client(
             answering(stdio_client(params, errlog=errlog.file)),
             client_info=_client_info(mcp),
             message_handler=handler,
-            logging_callback=server_log_callback(config.name),
+            logging_callback=server_log_callback(config.name, stack),
         )
     else:
         import httpx2
@@ -244,7 +244,7 @@ async def open_client(
             answering(streamable_http_client(config.url, http_client=http)),
             client_info=_client_info(mcp),
             message_handler=handler,
-            logging_callback=server_log_callback(config.name),
+            logging_callback=server_log_callback(config.name, stack),
         )
     return await stack.enter_async_context(client)
 
@@ -341,12 +341,15 @@ def one_line(text: str, limit: int) -> str:
     return _CONTROL.sub(" ", text[:limit])
 
 
-def server_log_callback(name: str) -> Any:
+def server_log_callback(name: str, stack: AsyncExitStack | None = None) -> Any:
     """The client's `logging_callback`: a server's `notifications/message` logged by the
     bridge as `mcp server <name> [<logger>] <level>: <data>`, clipped and rate-limited like its
-    stderr (LineBudget). Handshake-era sessions only: the 2026-07-28 protocol deprecates the
-    logging capability (SEP-2577) and makes it a per-request opt-in the bridge does not make."""
+    stderr (LineBudget; what it dropped is reported when `stack`, the session's, closes).
+    Handshake-era sessions only: the 2026-07-28 protocol deprecates the logging capability
+    (SEP-2577) and makes it a per-request opt-in the bridge does not make."""
     budget = LineBudget(name, "log messages")
+    if stack is not None:
+        stack.callback(budget.report)
 
     async def log(params: Any) -> None:
         if not budget.admit():

@@ -183,3 +183,26 @@ async def test_a_servers_log_messages_are_logged_capped_at_warning_and_rate_limi
         f'mcp server chatty [widgets] critical: {{"message": "m{i}"}}' for i in range(4)
     ]
     assert {r.levelno for r in said} == {logging.WARNING}  # a server's errors are not ours
+
+
+async def test_log_messages_dropped_over_the_budget_are_counted_when_the_session_ends(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, make_bridge: Any
+) -> None:
+    """The count was reported only by a message arriving after the minute: never, for a
+    session that ended within it."""
+    import logging
+
+    from services.mcp_bridge import sdk
+    from tests.unit.mcp_bridge.conftest import raw_config
+
+    monkeypatch.setattr(sdk, "STDERR_LINES_PER_MIN", 2)
+    caplog.set_level(logging.INFO, logger="services.mcp_bridge.sdk")
+    bridge = make_bridge()
+    await bridge.connect(raw_config("brief"))
+    await bridge.call_tool("brief", "log", {"count": 7, "level": "info"})
+    # The SDK hands each notification to a task it spawns as it reads it: a round trip later
+    # they have all run.
+    await bridge.call_tool("brief", "echo", {"message": "after"})
+    await bridge.disconnect("brief")
+    said = [r.getMessage() for r in caplog.records]
+    assert "mcp server brief: 5 log messages dropped" in said

@@ -343,3 +343,24 @@ async def test_a_connection_that_could_not_be_stored_leaves_nothing_behind(
         assert (repo.get("mcp_unsaved_echo") or ...).deleted_at is None  # type: ignore[union-attr]
     finally:
         await bridge.stop()
+
+
+async def test_two_connections_registering_at_once_never_share_a_tool_name(
+    make_bridge: Any, sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """`a_b` with a tool `c` and `a` with a tool `b_c`, connected at once, both took
+    `mcp_a_b_c`: the second connection's row overwrote the first's."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    offer(first, "c")
+    offer(second, "b_c")
+    bridge = make_bridge()
+    one, two = await asyncio.gather(
+        bridge.connect(raw_config("a_b", "--inventory", str(first))),
+        bridge.connect(raw_config("a", "--inventory", str(second))),
+    )
+    assert not set(one.tool_names) & set(two.tool_names)
+    assert "mcp_a_b_c" in one.tool_names + two.tool_names
+    repo = SqlToolRepository(sqlite_sessions)
+    owners = {t.name: t.created_by for t in repo.find()}
+    assert all(owners[n] == "mcp:a_b" for n in one.tool_names)
+    assert all(owners[n] == "mcp:a" for n in two.tool_names)
