@@ -1,6 +1,7 @@
 """Clients that know the mesh only by its contract: a Node client built from the .proto files
-alone (tests/clients/node), a Python client that learns the API through server reflection, and
-the standard health service."""
+alone (tests/clients/node: unary calls, the server-streaming DispatchToolCallStream, and result
+tables decoded from Arrow IPC with apache-arrow), a Python client that learns the API through
+server reflection, and the standard health service."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.rpc import status_pb2
@@ -25,12 +30,16 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from shared.arrow_ipc import ipc_to_table
 from tests.integration.conftest import Mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 
 pytestmark = pytest.mark.integration
 
 NODE_CLIENT = Path(__file__).parent.parent / "clients" / "node"
+STREAM_JS = NODE_CLIENT / "stream.js"
+DATASETS_JS = NODE_CLIENT / "datasets.js"
+NODE_TENANT = "node-tenant"  # the tenant every script of the Node client calls for
 NPM_TIMEOUT_S = 300
 NODE_TIMEOUT_S = 90
 
@@ -68,7 +77,8 @@ def node_client() -> Iterator[Path]:
         if not _installed_matches_pins():
             has_lock = (NODE_CLIENT / "package-lock.json").is_file()
             command = [npm, "ci" if has_lock else "install", "--no-audit", "--no-fund"]
-            # No dependency needs an install script (grpc-js is pure JavaScript).
+            # No dependency needs an install script (grpc-js, apache-arrow and fzstd are pure
+            # JavaScript).
             command.append("--ignore-scripts")
             done = subprocess.run(
                 command,
@@ -84,15 +94,13 @@ def node_client() -> Iterator[Path]:
     yield NODE_CLIENT / "dispatch.js"
 
 
-def run_node(
-    script: Path, address: str, tool: str, input_json: str, conversation: str
-) -> tuple[int, dict[str, Any]]:
-    """Run the Node client; returns its exit code and the one JSON line it printed."""
+def run_node_lines(script: Path, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    """Run a script of the Node client; returns its exit code and the JSON lines it printed."""
     env = dict(os.environ)
     if HAS_GOOGLE_RPC_PROTOS:
         env["TOOLMESH_PROTO_INCLUDE"] = str(GOOGLEAPIS_PROTOS)
     done = subprocess.run(
-        ["node", str(script), address, tool, input_json, conversation],
+        ["node", str(script), *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -100,10 +108,21 @@ def run_node(
         timeout=NODE_TIMEOUT_S,
         check=False,
     )
-    lines = done.stdout.splitlines()
     assert done.returncode in (0, 3), f"node exited {done.returncode}:\n{done.stderr}"
-    assert len(lines) == 1, f"expected one JSON line, got {done.stdout!r} ({done.stderr})"
-    return done.returncode, json.loads(lines[0])
+    try:
+        return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"not JSON lines: {done.stdout!r} ({done.stderr})") from exc
+
+
+def run_node(
+    script: Path, address: str, tool: str, input_json: str, conversation: str
+) -> tuple[int, dict[str, Any]]:
+    """Run a one-answer script of the Node client (dispatch.js, datasets.js); returns its exit
+    code and the one JSON line it printed."""
+    code, lines = run_node_lines(script, address, tool, input_json, conversation)
+    assert len(lines) == 1, f"expected one JSON line, got {lines!r}"
+    return code, lines[0]
 
 
 def test_a_node_client_calls_ping_and_the_call_is_logged_for_its_tenant(
@@ -135,6 +154,258 @@ def test_a_node_client_gets_not_found_for_an_unknown_tool(mesh: Mesh, node_clien
     assert error["code"] == grpc.StatusCode.NOT_FOUND.value[0] == 5
     assert error["details"]
     assert error["reason"] == ("TOOL_NOT_FOUND" if HAS_GOOGLE_RPC_PROTOS else None)
+
+
+def test_a_node_client_streams_progress_an_export_the_text_and_the_result_last(
+    mesh: Mesh, node_client: Path
+) -> None:
+    inputs = {"progress_steps": 3, "delay_ms": 150, "echo": {"n": 3}, "export_text": "hello"}
+    code, messages = run_node_lines(
+        STREAM_JS, mesh.address("dispatcher"), "ping", json.dumps(inputs), "node-stream"
+    )
+    assert code == 0
+    kinds = [m["event"] for m in messages]
+    assert all(set(m) == {"event", m["event"]} for m in messages)
+    # In the order things happened: the handler's progress, the export, the text, the result.
+    assert kinds[:4] == ["progress", "progress", "progress", "export_ready"]
+    assert set(kinds[4:-1]) == {"text_delta"}
+    assert kinds[-1] == "result"
+    progress = [m["progress"] for m in messages[:3]]
+    assert [p["message"] for p in progress] == [f"ping step {i} of 3" for i in (1, 2, 3)]
+    assert [round(p["fraction"], 3) for p in progress] == [0.0, 0.333, 0.667]
+    final = messages[-1]["result"]
+    assert {p["tool_use_id"] for p in progress} == {final["tool_use_id"]}
+    assert final["tool_use_id"].startswith("toolu_")
+    envelope = final["result"]["envelope"]
+    assert envelope["kind"] == "ok"
+    assert json.loads(envelope["ok"]["data_json"]) == {"pong": True, "echo": {"n": 3}}
+    text = "".join(m["text_delta"]["text"] for m in messages if m["event"] == "text_delta")
+    assert text == final["result"]["content"] and text.startswith("✓ ok.")
+    (export,) = final["result"]["exports"]
+    ready = messages[3]["export_ready"]
+    assert (ready["filename"], ready["file_id"]) == ("ping.txt", export["file_id"])
+    assert int(ready["size_bytes"]) == len("hello")
+    # The streamed call is logged for the Node client's tenant, with the progress it streamed.
+    entries = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="node-stream")
+    ).entries
+    assert [(e.tool_name, e.tenant_id, e.success, e.tool_use_id) for e in entries] == [
+        ("ping", NODE_TENANT, True, final["tool_use_id"])
+    ]
+    events = conversation_events(mesh, "node-stream")
+    assert [e.event_type for e in events].count("progress") == 3
+
+
+def test_a_node_stream_of_an_unknown_tool_ends_with_not_found(
+    mesh: Mesh, node_client: Path
+) -> None:
+    code, lines = run_node_lines(
+        STREAM_JS, mesh.address("dispatcher"), "pnig", "{}", "node-stream-unknown"
+    )
+    assert code == 3
+    (error,) = lines  # nothing streamed before the status
+    assert error["code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert error["reason"] == ("TOOL_NOT_FOUND" if HAS_GOOGLE_RPC_PROTOS else None)
+
+
+def conversation_events(mesh: Mesh, conversation: str) -> list[dpb.ConversationEvent]:
+    return list(
+        mesh.dispatcher.ListConversationEvents(
+            dpb.ListConversationEventsRequest(conversation_id=conversation, tenant_id=NODE_TENANT),
+            timeout=30,
+        ).events
+    )
+
+
+def test_a_node_client_that_cancels_the_stream_stops_the_call(
+    mesh: Mesh, node_client: Path
+) -> None:
+    inputs = {"progress_steps": 100, "delay_ms": 120_000}
+    code, lines = run_node_lines(
+        STREAM_JS,
+        "--cancel-after",
+        "1",
+        mesh.address("dispatcher"),
+        "ping",
+        json.dumps(inputs),
+        "node-stream-cancel",
+    )
+    assert code == 3
+    first, status = lines
+    assert first["event"] == "progress"
+    assert status["code"] == grpc.StatusCode.CANCELLED.value[0] == 1
+    outcome: dict[str, Any] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not outcome:
+        found = [
+            e for e in conversation_events(mesh, "node-stream-cancel") if e.event_type == "outcome"
+        ]
+        outcome = json.loads(found[0].data_json) if found else {}
+        time.sleep(0.1)
+    assert outcome.get("status") == "cancelled", outcome
+    # Stopped long before the handler's two minutes.
+    assert float(outcome["duration_ms"]) < 60_000
+
+
+# A CSV of every kind of value a table carries: integers (one column past 2^53, which a JS
+# number cannot hold), floats, strings, nulls and a timestamp. The integer column with a null is
+# a float column (pandas), in Python as in Node.
+TYPES_CSV = """id,label,score,count,big,seen_at
+1,alpha,1.5,10,9007199254740993,2024-01-02T03:04:05.123456
+2,,2.0,,-9007199254740993,2024-02-29T00:00:00
+3,Zoë,,7,0,
+4,delta,-0.25,1,42,2023-12-31T23:59:59
+"""
+TYPES_ROWS = [
+    {
+        "id": 1,
+        "label": "alpha",
+        "score": 1.5,
+        "count": 10.0,
+        "big": 9007199254740993,
+        "seen_at": datetime(2024, 1, 2, 3, 4, 5, 123456),
+    },
+    {
+        "id": 2,
+        "label": None,
+        "score": 2.0,
+        "count": None,
+        "big": -9007199254740993,
+        "seen_at": datetime(2024, 2, 29),
+    },
+    {"id": 3, "label": "Zoë", "score": None, "count": 7.0, "big": 0, "seen_at": None},
+    {
+        "id": 4,
+        "label": "delta",
+        "score": -0.25,
+        "count": 1.0,
+        "big": 42,
+        "seen_at": datetime(2023, 12, 31, 23, 59, 59),
+    },
+]
+# The Arrow type names apache-arrow gives the types pyarrow reads.
+ARROW_JS_TYPES = {
+    "int64": "Int64",
+    "double": "Float64",
+    "large_string": "LargeUtf8",
+    "string": "Utf8",
+    "bool": "Bool",
+    "date32[day]": "Date32<DAY>",
+    "timestamp[us]": "Timestamp<MICROSECOND>",
+    "timestamp[us, tz=UTC]": "Timestamp<MICROSECOND, UTC>",
+}
+
+
+def node_table(mesh: Mesh, tool: str, inputs: dict[str, Any], conversation: str) -> dict[str, Any]:
+    """A tool's result table as the Node client decodes it (datasets.js)."""
+    code, answer = run_node(
+        DATASETS_JS, mesh.address("dispatcher"), tool, json.dumps(inputs), conversation
+    )
+    assert code == 0, answer
+    assert answer["kind"] == "ok", answer["content"]
+    assert answer["table"] is not None, answer
+    assert answer["table"]["row_count"] == len(answer["table"]["rows"])
+    table: dict[str, Any] = answer["table"]
+    return table
+
+
+def python_table(mesh: Mesh, tool: str, inputs: dict[str, Any], conversation: str) -> pa.Table:
+    """The same call's result table as Python decodes it."""
+    result = mesh.call(tool, json.dumps(inputs), conversation=conversation, tenant=NODE_TENANT)
+    assert result.result.envelope.WhichOneof("kind") == "ok", result.result.content
+    return ipc_to_table(result.result.envelope.ok.table.arrow_ipc)
+
+
+def as_python(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Node's rows with its ISO 8601 timestamps and dates parsed (JSON has no such types)."""
+    types = {f["name"]: f["type"] for f in table["fields"]}
+    rows = []
+    for row in table["rows"]:
+        parsed = dict(row)
+        for name, value in row.items():
+            if value is not None and types[name].startswith("Timestamp"):
+                parsed[name] = datetime.fromisoformat(value)
+            elif value is not None and types[name].startswith("Date"):
+                parsed[name] = date.fromisoformat(value)
+        rows.append(parsed)
+    return rows
+
+
+def assert_same_table(node: dict[str, Any], python: pa.Table) -> list[dict[str, Any]]:
+    """Node decoded the same columns, types and values (of the same Python types) as Python."""
+    assert [(f["name"], f["type"]) for f in node["fields"]] == [
+        (f.name, ARROW_JS_TYPES[str(f.type)]) for f in python.schema
+    ]
+    rows = as_python(node)
+    expected = python.to_pylist()
+    assert rows == expected
+    assert [[type(v) for v in row.values()] for row in rows] == [
+        [type(v) for v in row.values()] for row in expected
+    ]
+    return rows
+
+
+def test_a_node_client_decodes_the_arrow_tables_of_load_preview_and_query(
+    mesh: Mesh, node_client: Path
+) -> None:
+    (mesh.files_dir / "node_types.csv").write_text(TYPES_CSV, encoding="utf-8")
+    conversation = "node-arrow"
+    loaded = node_table(mesh, "load_dataset", {"path": "node_types.csv"}, conversation)
+    assert as_python(loaded) == TYPES_ROWS
+    assert [f["type"] for f in loaded["fields"]] == [
+        "Int64",
+        "LargeUtf8",
+        "Float64",
+        "Float64",
+        "Int64",
+        "Timestamp<MICROSECOND>",
+    ]
+    # Integers are JSON integers (exact past 2^53), floats JSON floats even when whole.
+    assert [type(v) for v in loaded["rows"][0].values()] == [int, str, float, float, int, str]
+    assert loaded["rows"][0]["seen_at"] == "2024-01-02T03:04:05.123456"
+
+    for tool, inputs in [
+        ("preview_data", {"name": "node_types", "limit": 2, "offset": 1}),
+        ("query", {"sql": "SELECT * FROM node_types ORDER BY id DESC"}),
+        ("query", {"sql": "SELECT label, big + 1 AS next, score * 2 AS twice FROM node_types"}),
+    ]:
+        node = node_table(mesh, tool, inputs, conversation)
+        rows = assert_same_table(node, python_table(mesh, tool, inputs, conversation))
+        if tool == "preview_data":
+            assert rows == TYPES_ROWS[1:3]
+        elif "DESC" in inputs["sql"]:
+            assert rows == TYPES_ROWS[::-1]
+        else:
+            assert [r["next"] for r in rows] == [9007199254740994, -9007199254740992, 1, 43]
+            assert [r["twice"] for r in rows] == [3.0, 4.0, None, -0.5]
+
+
+def test_a_node_client_decodes_a_parquet_dataset_with_zoned_timestamps_dates_and_booleans(
+    mesh: Mesh, node_client: Path
+) -> None:
+    table = pa.table(
+        {
+            "n": pa.array([2**62, -1, 0], pa.int64()),
+            "at": pa.array([1_704_164_645_123_456, None, -1], pa.timestamp("us", tz="UTC")),
+            "day": pa.array([date(2024, 2, 29), None, date(1969, 12, 31)], pa.date32()),
+            "flag": pa.array([True, False, True]),
+            "ratio": pa.array([0.5, None, 3.0]),
+        }
+    )
+    pq.write_table(table, mesh.files_dir / "node_zoned.parquet")
+    conversation = "node-arrow-parquet"
+    inputs = {"path": "node_zoned.parquet"}
+    node = node_table(mesh, "load_dataset", inputs, conversation)
+    rows = assert_same_table(node, python_table(mesh, "load_dataset", inputs, conversation))
+    assert [r["n"] for r in node["rows"]] == [2**62, -1, 0]
+    assert [r["at"] for r in node["rows"]] == [
+        "2024-01-02T03:04:05.123456Z",
+        None,
+        "1969-12-31T23:59:59.999999Z",
+    ]
+    assert [r["day"] for r in node["rows"]] == ["2024-02-29", None, "1969-12-31"]
+    assert [r["flag"] for r in rows] == [True, False, True]
+    assert [r["ratio"] for r in node["rows"]] == [0.5, None, 3.0]
 
 
 def test_a_reflection_only_client_discovers_and_calls_the_dispatcher(mesh: Mesh) -> None:
