@@ -874,10 +874,10 @@ def _integral_columns(df: pd.DataFrame) -> list[int]:
 
 def _exact_integers(text: pd.Series) -> Any:
     """Text integers (some missing) as nullable int64, or as text past 64 bits."""
-    numbers = [None if pd.isna(v) else int(v) for v in text]
-    if any(v is not None and not -(2**63) <= v < 2**63 for v in numbers):
+    try:
+        return text.str.strip().astype("Int64").array
+    except (OverflowError, ValueError, TypeError):  # past 64 bits
         return text.to_numpy()
-    return pd.array(numbers, dtype="Int64")
 
 
 def _numbers_as_written(
@@ -887,17 +887,18 @@ def _numbers_as_written(
     warnings: list[Warning],
 ) -> pd.DataFrame:
     """Number columns whose text a number would change, as written: with a leading zero
-    (ZIP codes: 01234 read as 1234) as text, and integers beyond 2**53 with blanks among them
-    (pandas makes such a column float64, rounding them) as exact integers. Both named in a
-    warning. Needs the columns' text: `read_as_text` reads the given positions as strings,
-    when `may_have_leading_zeros` or a column's size says it may matter."""
+    (ZIP codes: 01234 read as 1234) as text, named in a warning; and integers with blanks
+    among them, which pandas makes float64 (a count of 10 shown as 10.0, and past 2**53
+    rounded), as nullable integers (named in a warning when past 2**53). Needs the columns'
+    text: `read_as_text` reads the given positions as strings, when `may_have_leading_zeros`
+    or a column's blanks say it may matter."""
     positions = _integral_columns(df)
     if positions and not may_have_leading_zeros():
         positions = [
             position
             for position in positions
             if pd.api.types.is_float_dtype(df.iloc[:, position].dtype)
-            and df.iloc[:, position].abs().max() > MAX_EXACT_FLOAT_INTEGER
+            and df.iloc[:, position].isna().any()
         ]
     if not positions:
         return df
@@ -916,11 +917,12 @@ def _numbers_as_written(
             zeros.append(str(df.columns[position]))
         elif (
             pd.api.types.is_float_dtype(col.dtype)
-            and col.abs().max() > MAX_EXACT_FLOAT_INTEGER
+            and not stripped.empty
             and stripped.str.fullmatch(_INTEGER_RE).all()
         ):
             df.isetitem(position, _exact_integers(text))
-            exact.append(str(df.columns[position]))
+            if col.abs().max() > MAX_EXACT_FLOAT_INTEGER:
+                exact.append(str(df.columns[position]))
     if zeros:
         warnings.append(
             Warning(

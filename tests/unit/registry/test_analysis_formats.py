@@ -81,6 +81,25 @@ def test_big_integers_among_blanks_are_not_rounded(ctx: ToolContext, files: Path
     assert found.data["n"].tolist() == [3]
 
 
+def test_integers_with_blanks_stay_integers(ctx: ToolContext, files: Path) -> None:
+    """pandas reads an integer column with a blank as float64: a count of 10 became 10.0 in
+    every preview, query result and client. Written as decimals, a column stays float."""
+    (files / "counts.csv").write_text("count,price,year\n10,1.0,2019\n,2.0,\n7,,2021\n", "utf-8")
+
+    ok = ok_of(load_dataset({"path": "counts.csv"}, ctx))
+
+    assert "big_integers" not in kinds(ok)
+    stored = ctx.load_dataset("counts")
+    assert str(stored["count"].dtype) == "Int64" and str(stored["year"].dtype) == "Int64"
+    assert stored["count"].tolist()[::2] == [10, 7] and pd.isna(stored["count"].tolist()[1])
+    assert stored["price"].dtype == "float64"
+    summed = ok_of(query({"sql": "SELECT sum(count) AS s, max(year) AS y FROM counts"}, ctx))
+    assert summed.data["s"].tolist() == [17] and summed.data["y"].tolist() == [2021]
+    described = ok_of(describe_entry({"name": "counts"}, ctx)).data.set_index("column")
+    assert described.loc["count", ["null_count", "min", "max"]].tolist() == [1, "7", "10"]
+    assert described.loc["count", "dtype"] != described.loc["price", "dtype"]
+
+
 def test_true_false_with_blanks_is_a_boolean_column(ctx: ToolContext, files: Path) -> None:
     (files / "flags.csv").write_text("flag,n\nTRUE,1\nFALSE,2\n,3\n", "utf-8")
 
