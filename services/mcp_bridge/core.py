@@ -264,7 +264,10 @@ class McpBridge:
             return removed
 
     async def reconnect(self, name: str, config: ServerConfig | None = None) -> InventoryReport:
-        """Re-open with the stored (or a new) config; reports added, removed, changed tools."""
+        """Re-open with the stored (or a new) config; reports added, removed, changed tools.
+        When the new session cannot be opened, the connection is not lost with it: its previous
+        config is opened again in the background (retrying with backoff, its tools answering
+        UNAVAILABLE meanwhile, as after a crash) and the error is raised."""
         if config is not None:
             validate_config(config)
             if config.name != name:
@@ -289,7 +292,17 @@ class McpBridge:
                 await old.close()
                 self._connections.pop(name, None)
             live = self._new(new_config)
-            report = await live.start()
+            try:
+                report = await live.start()
+            except BaseException:
+                if old is not None:
+                    # The old session is closed (a server may not run twice): its config,
+                    # still the stored one, is re-opened rather than the connection dropped
+                    # while its tools stay offered.
+                    fallback = self._new(old.config)
+                    self._connections[name] = fallback
+                    await fallback.start(retry_first=True)
+                raise
             assert report is not None
             self._connections[name] = live
             await asyncio.to_thread(self._store.save, new_config)

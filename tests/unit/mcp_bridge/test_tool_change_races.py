@@ -364,3 +364,24 @@ async def test_two_connections_registering_at_once_never_share_a_tool_name(
     owners = {t.name: t.created_by for t in repo.find()}
     assert all(owners[n] == "mcp:a_b" for n in one.tool_names)
     assert all(owners[n] == "mcp:a" for n in two.tool_names)
+
+
+async def test_a_reconnect_to_a_config_that_fails_keeps_the_connection_on_its_old_one(
+    make_bridge: Any, sqlite_sessions: sessionmaker[Session]
+) -> None:
+    """A Reconnect with a new config whose server could not start closed the old session and
+    dropped the connection, while its tools stayed offered (each call then NOT_FOUND)."""
+    from services.mcp_bridge.model import ServerConfig
+    from shared.errors import FailedPrecondition
+
+    bridge = make_bridge()
+    await bridge.connect(raw_config("keep"))
+    broken = ServerConfig(name="keep", transport="stdio", command="no-such-mcp-server-xyz")
+    with pytest.raises(FailedPrecondition):
+        await bridge.reconnect("keep", broken)
+    info = await settled(bridge, "keep", lambda c: c.state == "connected")
+    assert info.server.command == raw_config("keep").command
+    answer = await bridge.call_tool("keep", "echo", {"message": "still here"})
+    assert answer.envelope.data == "Echo: still here"
+    stored = SqlConnectionStore(sqlite_sessions).load()
+    assert [c.command for c in stored] == [raw_config("keep").command]
