@@ -18,17 +18,18 @@ IPC_COMPRESSION = "zstd"
 _ARROW_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
 
 
-def unique_names(names: Sequence[object]) -> list[str]:
-    """Column names as strings, duplicates suffixed `_2`, `_3`, … (Arrow needs unique names)."""
+def unique_names(names: Sequence[object], *, fold_case: bool = False) -> list[str]:
+    """Column names as strings, duplicates suffixed `_2`, `_3`, … (Arrow needs unique names);
+    with `fold_case`, names that differ only in case count as duplicates (SQL folds case)."""
     seen: set[str] = set()
     out: list[str] = []
     for raw in names:
         base = str(raw)
         name, n = base, 1
-        while name in seen:
+        while (name.lower() if fold_case else name) in seen:
             n += 1
             name = f"{base}_{n}"
-        seen.add(name)
+        seen.add(name.lower() if fold_case else name)
         out.append(name)
     return out
 

@@ -326,18 +326,8 @@ def _load_named(context: ToolContext, name: str) -> tuple[str, pd.DataFrame]:
 def sql_names(names: Sequence[object]) -> list[str]:
     """Column names as strings that differ even ignoring case, later repeats suffixed `_2`,
     `_3`, …: SQL folds the case of names, so of `Name` and `name` a query would read the first
-    whichever it asked for (and `unique_names` keeps both)."""
-    seen: set[str] = set()
-    out: list[str] = []
-    for raw in names:
-        base = str(raw)
-        name, n = base, 1
-        while name.lower() in seen:
-            n += 1
-            name = f"{base}_{n}"
-        seen.add(name.lower())
-        out.append(name)
-    return out
+    whichever it asked for."""
+    return unique_names(names, fold_case=True)
 
 
 def _sql_named_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
@@ -769,43 +759,66 @@ def _without_implicit_index(df: pd.DataFrame, name: str, warnings: list[Warning]
     return fixed
 
 
-def _huge_integers_as_text(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
-    """Columns of integers beyond 64 bits (pandas keeps them as Python ints, which Arrow cannot
-    store) as exact text, with a warning."""
+# A column's conversion: (the column, its non-missing values) -> the new column, or None to
+# leave it.
+_ColumnRule = Callable[[pd.Series, pd.Series], Any]
+
+
+def _convert_object_columns(
+    df: pd.DataFrame,
+    holds: Callable[[Any], bool],
+    rule: _ColumnRule,
+    warnings: list[Warning],
+    warning: Warning | None = None,
+) -> pd.DataFrame:
+    """Apply `rule` to every column of Python objects (or strings) whose non-missing values
+    all satisfy `holds`; name the columns it changed in `warning` (added to `warnings` with
+    its message ending in their names) when there are any."""
     converted = []
     for position in range(df.shape[1]):
         col = df.iloc[:, position]
-        if col.dtype != object:
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
             continue
         values = col.dropna()
-        # bool is an int to Python: a TRUE/FALSE column with blanks is not one of these.
-        if values.empty or not all(type(v) is int for v in values):
+        if values.empty or not all(holds(v) for v in values):
             continue
-        df.isetitem(position, pd.array([None if pd.isna(v) else str(v) for v in col], dtype="str"))
-        converted.append(str(df.columns[position]))
-    if converted:
-        warnings.append(
-            Warning(
-                kind="big_integers",
-                message="integers too large for 64 bits are kept as text in: "
-                + ", ".join(converted),
-                details={"columns": converted},
-            )
-        )
+        new = rule(col, values)
+        if new is not None:
+            df.isetitem(position, new)
+            converted.append(str(df.columns[position]))
+    if converted and warning is not None:
+        details = {**warning.details, "columns": converted}
+        message = warning.message + ", ".join(converted)
+        warnings.append(Warning(kind=warning.kind, message=message, details=details))
     return df
+
+
+def _huge_integers_as_text(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Columns of integers beyond 64 bits (pandas keeps them as Python ints, which Arrow cannot
+    store) as exact text, with a warning."""
+
+    def is_int(value: Any) -> bool:
+        # bool is an int to Python: a TRUE/FALSE column with blanks is not one of these.
+        return type(value) is int
+
+    def as_text(col: pd.Series, values: pd.Series) -> Any:
+        return pd.array([None if pd.isna(v) else str(v) for v in col], dtype="str")
+
+    warning = Warning("big_integers", "integers too large for 64 bits are kept as text in: ")
+    return _convert_object_columns(df, is_int, as_text, warnings, warning)
 
 
 def _nullable_booleans(df: pd.DataFrame) -> pd.DataFrame:
     """Columns of TRUE/FALSE with blanks (pandas keeps them as Python objects) as nullable
     booleans, so they are typed BOOLEAN in SQL and described as booleans."""
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if col.dtype != object:
-            continue
-        values = col.dropna()
-        if not values.empty and all(isinstance(v, bool) for v in values):
-            df.isetitem(position, col.astype("boolean").array)
-    return df
+
+    def is_bool(value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def as_booleans(col: pd.Series, values: pd.Series) -> Any:
+        return col.astype("boolean").array
+
+    return _convert_object_columns(df, is_bool, as_booleans, [])
 
 
 def _without_empty_unnamed_last_column(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
@@ -1395,33 +1408,22 @@ _THOUSANDS_RE = r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$"
 # markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
 MISSING_MARKERS = frozenset({"?", "-", "--", ".", "missing"})
 
+
 # A column rule: given a text column and its stripped non-missing values, the column's new
 # values, or None to leave it as it is.
-_ColumnRule = Callable[[pd.Series, pd.Series], Any]
-
-
 def _convert_text_columns(
     df: pd.DataFrame, rule: _ColumnRule, warnings: list[Warning], warning: Warning
 ) -> pd.DataFrame:
-    """Apply `rule` to every column of strings; name the columns it changed in `warning`
-    (added to `warnings` with its message ending in their names) when there are any."""
-    converted = []
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not all(isinstance(v, str) for v in values):
-            continue
-        new = rule(col, values.str.strip())
-        if new is not None:
-            df.isetitem(position, new)
-            converted.append(str(df.columns[position]))
-    if converted:
-        details = {**warning.details, "columns": converted}
-        message = warning.message + ", ".join(converted)
-        warnings.append(Warning(kind=warning.kind, message=message, details=details))
-    return df
+    """Apply `rule` to every column of strings, given its values stripped of surrounding
+    spaces (see _convert_object_columns)."""
+
+    def is_text(value: Any) -> bool:
+        return isinstance(value, str)
+
+    def stripped(col: pd.Series, values: pd.Series) -> Any:
+        return rule(col, values.str.strip())
+
+    return _convert_object_columns(df, is_text, stripped, warnings, warning)
 
 
 def _numbers_without(col: pd.Series, separator: str, replacement: str) -> Any:
