@@ -169,7 +169,7 @@ class LiveConnection:
                 tools = await list_tools(client)
             self.identity = dict(sdk.server_identity(client))
             async with self.registration:
-                if self._closing.is_set():
+                if self.closing:
                     return  # disconnected meanwhile: its tools are deleted, keep them so
                 self.tools = tools
                 report = await self._on_open(self, tools)
@@ -198,7 +198,7 @@ class LiveConnection:
                         await listener
 
     def _tools_changed(self) -> None:
-        if self._on_tools_changed is None or self._closing.is_set():
+        if self._on_tools_changed is None or self.closing:
             return
         if self.state != "connected":  # the session is still opening: see _session
             self._announced_while_opening = True

@@ -361,7 +361,7 @@ class McpBridge:
         failures = 0
         try:
             while True:
-                interval = self._tools_changed_min_interval_s * (2**failures if failures else 1)
+                interval = self._tools_changed_min_interval_s * 2**failures
                 due = max(
                     time.monotonic() + self._tools_changed_delay_s,
                     live.last_relist_at + min(interval, RELIST_BACKOFF_MAX_S),
@@ -399,14 +399,11 @@ class McpBridge:
             set_status_on_exception=False,
         ) as span:
             try:
-                # Closed or replaced; one not yet the bridge's (Connect still storing it) is
-                # found under the lock below, which Connect holds until then.
-                if live.closing:
+                # One not yet the bridge's (Connect still storing it) is found under the lock
+                # below, which Connect holds until then.
+                if self._gone(live):
                     return "gone"
-                try:
-                    client = live.client()
-                except Unavailable:
-                    return "gone"
+                client = live.client()
                 # Listed outside the lock: a server slow to list must not hold up a Disconnect
                 # or a Reconnect of its connection.
                 async with asyncio.timeout(self._connect_timeout_s):

@@ -145,32 +145,33 @@ def _message_handler(on_tools_changed: Callable[[], None] | None) -> Any:
 
 class SdkLogBudget(logging.Filter):
     """A filter on the SDK's loggers: each kind of record (logger and message template) at
-    most SDK_LOG_RECORDS_PER_MIN a minute, the rest counted and reported once the minute is
-    over. The SDK logs an error with a traceback for every line a server writes that is not a
-    JSON-RPC message, and a warning with one for every invalid notification: a server writing
-    garbage without end filled the bridge's log, around the LineBudget of its stderr."""
+    most SDK_LOG_RECORDS_PER_MIN a minute (a LineBudget each), the rest counted and reported
+    once the minute is over. The SDK logs an error with a traceback for every line a server
+    writes that is not a JSON-RPC message, and a warning with one for every invalid
+    notification: a server writing garbage without end filled the bridge's log, around the
+    LineBudget of its stderr."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._windows: dict[tuple[str, str], list[float]] = {}  # [start, shown, dropped]
+        self._budgets: dict[tuple[str, str], LineBudget] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (record.name, str(record.msg)[:200])
-        if key not in self._windows and len(self._windows) >= SDK_LOG_KINDS:
+        if key not in self._budgets and len(self._budgets) >= SDK_LOG_KINDS:
             # Some SDK messages are f-strings holding what a server sent: past this many kinds,
             # the rest share one budget (and the table stays bounded).
             key = (record.name, "(other messages)")
-        now = time.monotonic()
-        window = self._windows.setdefault(key, [now, 0, 0])
-        if now - window[0] >= 60:
-            if window[2]:
-                logger.warning("MCP SDK: %d more %r records dropped", window[2], key[1])
-            window[:] = [now, 0, 0]
-        if window[1] >= SDK_LOG_RECORDS_PER_MIN:
-            window[2] += 1
-            return False
-        window[1] += 1
-        return True
+        budget = self._budgets.get(key)
+        if budget is None:
+            budget = LineBudget(
+                "MCP SDK",
+                f"more {key[1]!r} records",
+                SDK_LOG_RECORDS_PER_MIN,
+                level=logging.WARNING,
+                source_prefix="",
+            )
+            self._budgets[key] = budget
+        return budget.admit()
 
 
 _sdk_log_budget = SdkLogBudget()
@@ -254,9 +255,18 @@ class LineBudget:
     counted and reported once the minute is over (a server writing without end must not fill
     whatever keeps the bridge's output). Used from one thread or one event loop at a time."""
 
-    def __init__(self, name: str, what: str, per_minute: int | None = None) -> None:
-        self._name = name
+    def __init__(
+        self,
+        name: str,
+        what: str,
+        per_minute: int | None = None,
+        *,
+        level: int = logging.INFO,
+        source_prefix: str = "mcp server ",
+    ) -> None:
+        self._source = source_prefix + name
         self._what = what
+        self._level = level
         self._per_minute = STDERR_LINES_PER_MIN if per_minute is None else per_minute
         self._window_start = time.monotonic()
         self._shown = 0
@@ -275,7 +285,7 @@ class LineBudget:
 
     def report(self) -> None:
         if self._dropped:
-            logger.info("mcp server %s: %d %s dropped", self._name, self._dropped, self._what)
+            logger.log(self._level, "%s: %d %s dropped", self._source, self._dropped, self._what)
             self._dropped = 0
 
 

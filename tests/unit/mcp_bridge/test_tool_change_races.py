@@ -218,7 +218,7 @@ async def test_a_server_writing_garbage_without_end_does_not_fill_the_bridges_lo
     from services.mcp_bridge import sdk
 
     monkeypatch.setattr(sdk, "SDK_LOG_RECORDS_PER_MIN", 5)
-    monkeypatch.setattr(sdk._sdk_log_budget, "_windows", {})  # a fresh minute
+    monkeypatch.setattr(sdk._sdk_log_budget, "_budgets", {})  # a fresh minute
     caplog.set_level(logging.WARNING)
     inventory = tmp_path / "inventory.json"
     offer(inventory, "a")
@@ -306,7 +306,7 @@ def test_the_sdk_log_budget_stays_bounded_when_messages_carry_what_a_server_sent
         )
         for i in range(1000)
     )
-    assert len(budget._windows) <= 11
+    assert len(budget._budgets) <= 11
     assert passed <= 10 * 3 + 3
 
 
