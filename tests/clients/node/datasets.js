@@ -21,7 +21,7 @@
 
 const arrow = require('apache-arrow');
 const fzstd = require('fzstd');
-const { callOptions, dispatcherClient, printError, run, toolCallRequest } = require('./mesh');
+const { runUnary } = require('./mesh');
 
 // The mesh writes its IPC streams zstd-compressed; apache-arrow decompresses through a codec
 // registered here. fzstd hands back views at any byte offset, and apache-arrow uses each
@@ -168,29 +168,4 @@ function summary(result) {
   };
 }
 
-function main(argv) {
-  if (argv.length !== 4) {
-    process.stderr.write('usage: datasets.js ADDRESS TOOL_NAME INPUT_JSON CONVERSATION_ID\n');
-    process.exitCode = 2;
-    return;
-  }
-  const [address, name, inputJson, conversationId] = argv;
-  const client = dispatcherClient(address);
-  const request = toolCallRequest(name, inputJson, conversationId);
-  client.DispatchToolCall(request, callOptions(), (err, response) => {
-    client.close();
-    if (err) {
-      printError(err);
-      return;
-    }
-    try {
-      process.stdout.write(`${jsonText(summary(response.result))}\n`);
-    } catch (decodeError) {
-      const shown = decodeError && decodeError.stack ? decodeError.stack : decodeError;
-      process.stderr.write(`${shown}\n`);
-      process.exitCode = 1;
-    }
-  });
-}
-
-run(main);
+runUnary('datasets.js', (response) => jsonText(summary(response.result)));

@@ -11,25 +11,6 @@
 // stream.js streams a call (DispatchToolCallStream); datasets.js decodes a result's Arrow tables.
 'use strict';
 
-const { callOptions, dispatcherClient, printError, run, toolCallRequest } = require('./mesh');
+const { runUnary } = require('./mesh');
 
-function main(argv) {
-  if (argv.length !== 4) {
-    process.stderr.write('usage: dispatch.js ADDRESS TOOL_NAME INPUT_JSON CONVERSATION_ID\n');
-    process.exitCode = 2;
-    return;
-  }
-  const [address, name, inputJson, conversationId] = argv;
-  const client = dispatcherClient(address);
-  const request = toolCallRequest(name, inputJson, conversationId);
-  client.DispatchToolCall(request, callOptions(), (err, response) => {
-    client.close();
-    if (err) {
-      printError(err);
-      return;
-    }
-    process.stdout.write(`${JSON.stringify(response)}\n`);
-  });
-}
-
-run(main);
+runUnary('dispatch.js', (response) => JSON.stringify(response));

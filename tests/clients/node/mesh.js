@@ -94,6 +94,39 @@ function printError(err) {
   process.exitCode = 3;
 }
 
+// Runs a one-answer client: `node <script> ADDRESS TOOL_NAME INPUT_JSON CONVERSATION_ID` makes
+// one DispatchToolCall and prints `render(response)` as one line (exit 0); a gRPC error is the
+// error line (exit 3), a usage error exit 2, a response `render` cannot turn into text exit 1.
+function runUnary(script, render) {
+  run((argv) => {
+    if (argv.length !== 4) {
+      process.stderr.write(`usage: ${script} ADDRESS TOOL_NAME INPUT_JSON CONVERSATION_ID\n`);
+      process.exitCode = 2;
+      return;
+    }
+    const [address, name, inputJson, conversationId] = argv;
+    const client = dispatcherClient(address);
+    const request = toolCallRequest(name, inputJson, conversationId);
+    client.DispatchToolCall(request, callOptions(), (err, response) => {
+      client.close();
+      if (err) {
+        printError(err);
+        return;
+      }
+      let line;
+      try {
+        line = render(response);
+      } catch (renderError) {
+        const shown = renderError && renderError.stack ? renderError.stack : renderError;
+        process.stderr.write(`${shown}\n`);
+        process.exitCode = 1;
+        return;
+      }
+      process.stdout.write(`${line}\n`);
+    });
+  });
+}
+
 // Runs `main` with the command line's arguments: an exception is exit code 1.
 function run(main) {
   try {
@@ -104,4 +137,4 @@ function run(main) {
   }
 }
 
-module.exports = { callOptions, dispatcherClient, printError, run, toolCallRequest };
+module.exports = { callOptions, dispatcherClient, printError, run, runUnary, toolCallRequest };
