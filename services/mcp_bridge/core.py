@@ -267,7 +267,9 @@ class McpBridge:
         """Re-open with the stored (or a new) config; reports added, removed, changed tools.
         When the new session cannot be opened, the connection is not lost with it: its previous
         config is opened again in the background (retrying with backoff, its tools answering
-        UNAVAILABLE meanwhile, as after a crash) and the error is raised."""
+        UNAVAILABLE meanwhile, as after a crash) and the error is raised; so too when the new
+        config was opened but could not be stored (what runs is always what a restart would
+        bring back)."""
         if config is not None:
             validate_config(config)
             if config.name != name:
@@ -275,6 +277,7 @@ class McpBridge:
                     f"server.name {config.name!r} differs from name {name!r}",
                     field_violations=[("server.name", "must equal name")],
                 )
+        new_config_given = config is not None
         async with self._lock(name):
             old = self._connections.get(name)
             if old is None and config is None:
@@ -292,9 +295,23 @@ class McpBridge:
                 await old.close()
                 self._connections.pop(name, None)
             live = self._new(new_config)
+            opened = False
             try:
                 report = await live.start()
+                assert report is not None
+                opened = True
+                if new_config_given and (old is None or new_config != old.config):
+                    await asyncio.to_thread(self._store.save, new_config)
             except BaseException:
+                if opened:
+                    # Opened but not stored: a bridge restart would bring back the stored
+                    # config, so what runs must not differ from it.
+                    if old is None:
+                        await self._abandon(live)
+                    else:  # the old config's session, re-opened below, registers its tools
+                        async with live.registration:
+                            live.retire()
+                        await live.close()
                 if old is not None:
                     # The old session is closed (a server may not run twice): its config,
                     # still the stored one, is re-opened rather than the connection dropped
@@ -303,9 +320,7 @@ class McpBridge:
                     self._connections[name] = fallback
                     await fallback.start(retry_first=True)
                 raise
-            assert report is not None
             self._connections[name] = live
-            await asyncio.to_thread(self._store.save, new_config)
             return report
 
     def list_connections(self) -> list[ConnectionInfo]:

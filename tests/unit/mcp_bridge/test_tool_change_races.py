@@ -385,3 +385,46 @@ async def test_a_reconnect_to_a_config_that_fails_keeps_the_connection_on_its_ol
     assert answer.envelope.data == "Echo: still here"
     stored = SqlConnectionStore(sqlite_sessions).load()
     assert [c.command for c in stored] == [raw_config("keep").command]
+
+
+class _StoreDownLater(SqlConnectionStore):
+    """The connection store, failing its saves once `down` is set."""
+
+    down = False
+
+    def save(self, config: Any) -> None:
+        if self.down:
+            raise Unavailable("database unavailable (test)", reason="DATABASE_UNAVAILABLE")
+        super().save(config)
+
+
+async def test_a_reconnect_whose_new_config_could_not_be_stored_runs_the_stored_one_again(
+    sqlite_sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Reconnect answered UNAVAILABLE, yet the connection ran the new config and offered its
+    tools, while the store kept the old one: the next bridge restart silently went back."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    offer(first, "old_tool")
+    offer(second, "new_tool")
+    repo = SqlToolRepository(sqlite_sessions)
+    store = _StoreDownLater(sqlite_sessions)
+    bridge = McpBridge(store, RepositorySink(repo))
+    try:
+        await bridge.connect(raw_config("swap", "--inventory", str(first)))
+        store.down = True
+        with pytest.raises(Unavailable):
+            await bridge.reconnect("swap", raw_config("swap", "--inventory", str(second)))
+        info = await settled(bridge, "swap", has_tool("mcp_swap_old_tool"))
+        assert info.state == "connected" and str(first) in info.server.args
+        answer = await bridge.call_tool("swap", "old_tool", {"message": "back"})
+        assert answer.envelope.data == "old_tool v1"
+        assert [c.args for c in SqlConnectionStore(sqlite_sessions).load()] == [
+            raw_config("swap", "--inventory", str(first)).args
+        ]
+        for _ in range(100):  # the new config's tool goes once the old session re-registers
+            if (repo.get("mcp_swap_new_tool") or ...).deleted_at is not None:  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.05)
+        assert (repo.get("mcp_swap_new_tool") or ...).deleted_at is not None  # type: ignore[union-attr]
+    finally:
+        await bridge.stop()
