@@ -256,6 +256,17 @@ def _reserved_words() -> frozenset[str]:
     return frozenset(str(row[0]).lower() for row in rows)
 
 
+@functools.cache
+def _keywords_that_may_need_quotes() -> frozenset[str]:
+    """DuckDB's keywords that are not free to use as a column name everywhere (its reserved,
+    type-or-function and column-name keywords: `order`, `at`, `left`, `time`…)."""
+    with duckdb.connect(":memory:", config={"enable_external_access": False}) as con:
+        rows = con.sql(
+            "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category <> 'unreserved'"
+        ).fetchall()
+    return frozenset(str(row[0]).lower() for row in rows)
+
+
 def sanitize_identifier(text: str) -> str:
     """`text` as a dataset name `[a-z_][a-z0-9_]*`: accents folded, other characters to `_`,
     a leading digit prefixed with `t_`, a reserved SQL word suffixed with `_data`."""
@@ -1375,7 +1386,7 @@ def _read_csv(
     df = _numbers_as_written(df, read_as_text, may_have_leading_zeros, warnings)
     df = _huge_integers_as_text(df, warnings)
     df = _nullable_booleans(df)
-    df = _parse_iso_dates(df)
+    df = _parse_iso_dates(df, warnings)
     df = _written_numbers(df, delimiter, warnings)
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
@@ -1503,23 +1514,44 @@ _ISO_DATETIME_RE = (
 )
 
 
-def _parse_iso_dates(df: pd.DataFrame) -> pd.DataFrame:
+# How a datetime with its UTC offset ends.
+_ISO_OFFSET_RE = r"(?:Z|[+-]\d{2}:?\d{2})$"
+
+
+def _parse_iso_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     """String columns whose every value is an ISO-8601 date/datetime as datetime64 (CSV has no
-    types; these are the unambiguous ones). Columns with mixed offsets stay strings."""
-    for name in df.columns:
-        col = df[name]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not all(isinstance(v, str) for v in values):
-            continue
+    types; these are the unambiguous ones). Times that all carry a UTC offset but not the same
+    one (local time across a daylight-saving change, or several zones) are converted to UTC,
+    with a warning; a column where some times have an offset and others not stays text."""
+
+    def is_text(value: Any) -> bool:
+        return isinstance(value, str)
+
+    def parse(col: pd.Series, values: pd.Series, **options: Any) -> Any:
         if not values.str.fullmatch(_ISO_DATETIME_RE).all():
-            continue
+            return None
         try:
-            df[name] = pd.to_datetime(col, format="ISO8601")
+            return pd.to_datetime(col, format="ISO8601", **options)
         except (ValueError, OverflowError, TypeError) as exc:
-            logger.debug("column %r looks like dates but does not parse: %s", name, exc)
-    return df
+            logger.debug("column %r looks like dates but does not parse: %s", col.name, exc)
+            return None
+
+    def one_offset(col: pd.Series, values: pd.Series) -> Any:
+        return parse(col, values)
+
+    def offsets_to_utc(col: pd.Series, values: pd.Series) -> Any:
+        if not values.str.contains(_ISO_OFFSET_RE).all():
+            return None
+        return parse(col, values, utc=True)
+
+    df = _convert_object_columns(df, is_text, one_offset, warnings)
+    message = (
+        "times with different UTC offsets (a daylight-saving change, or several zones) were "
+        "converted to UTC in: "
+    )
+    return _convert_object_columns(
+        df, is_text, offsets_to_utc, warnings, Warning("mixed_offsets", message)
+    )
 
 
 def _read_parquet(
@@ -1765,12 +1797,79 @@ _REFUSAL_ADVICE: dict[str, tuple[str, ...]] = {
 }
 
 
-def _check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Refuse anything but a single read statement (parsed by DuckDB, not pattern-matched)."""
+# A quoted string, a quoted identifier, or a comment: where a word is not SQL.
+_SQL_NOT_CODE_RE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _quote_words(sql: str, names: Sequence[str]) -> str:
+    """`sql` with every bare occurrence of `names` (case-insensitive words outside strings,
+    quoted identifiers and comments) written as a quoted identifier."""
+    word = re.compile(
+        r"(?<![\w.\"])(" + "|".join(re.escape(n) for n in names) + r")(?![\w\"])", re.IGNORECASE
+    )
+    exact = {n.lower(): n for n in names}
+
+    def quoted(match: re.Match[str]) -> str:
+        name = exact[match.group(1).lower()]
+        return '"' + name.replace('"', '""') + '"'
+
+    parts, last = [], 0
+    for other in _SQL_NOT_CODE_RE.finditer(sql):
+        parts.append(word.sub(quoted, sql[last : other.start()]) + other.group(0))
+        last = other.end()
+    parts.append(word.sub(quoted, sql[last:]))
+    return "".join(parts)
+
+
+def _reserved_column_fix(
+    con: duckdb.DuckDBPyConnection, sql: str, infos: Sequence[DatasetInfo]
+) -> tuple[list[str], str] | None:
+    """For SQL that does not parse: the datasets' columns named like SQL keywords (`at`,
+    `order`, `group`…) whose quoting makes it parse, and the SQL so quoted; None when quoting
+    them does not help."""
+    reserved = _keywords_that_may_need_quotes()
+    names = sorted(
+        {
+            str(column.get("name", ""))
+            for info in infos
+            for column in info.columns
+            if str(column.get("name", "")).lower() in reserved
+        }
+    )[: MAX_ALTERNATIVES * 4]
+    choices = [names, *([n] for n in names)] if len(names) > 1 else [names]
+    for chosen in choices if names else []:
+        rewritten = _quote_words(sql, chosen)
+        if rewritten == sql:
+            continue
+        try:
+            con.extract_statements(rewritten)
+        except duckdb.Error:
+            continue
+        return chosen, rewritten
+    return None
+
+
+def _check_read_only(
+    con: duckdb.DuckDBPyConnection, sql: str, infos: Sequence[DatasetInfo] = ()
+) -> None:
+    """Refuse anything but a single read statement (parsed by DuckDB, not pattern-matched).
+    SQL that does not parse because it names a column called like a reserved word unquoted is
+    answered with the quoted SQL as the alternative."""
     try:
         statements = con.extract_statements(sql)
     except duckdb.ParserException as exc:
-        raise HintException("schema", f"SQL syntax error: {_first_lines(exc)}") from exc
+        message = f"SQL syntax error: {_first_lines(exc)}"
+        fix = _reserved_column_fix(con, sql, infos)
+        if fix is None:
+            raise HintException("schema", message) from exc
+        names, rewritten = fix
+        which = ", ".join(repr(n) for n in names)
+        raise HintException(
+            "schema",
+            f"{message}\ncolumn name(s) {which} are reserved SQL words: write them in double "
+            "quotes, as in the alternative",
+            [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
+        ) from exc
     if not statements:
         raise HintException("schema", "sql contains no statement")
     if len(statements) > 1:
@@ -2148,8 +2247,8 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     save_limit = _max_dataset_bytes(context) if save_as is not None else None
     con = duckdb.connect(":memory:", config=dict(DUCKDB_CONFIG))
     try:
-        _check_read_only(con, sql)  # before any dataset is loaded
         infos = context.list_datasets()
+        _check_read_only(con, sql, infos)  # before any dataset is loaded
         for info in _datasets_read_by(con, sql, infos):
             try:
                 frame = context.load_dataset(info.name)

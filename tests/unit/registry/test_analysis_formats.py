@@ -291,3 +291,80 @@ def test_an_empty_column_name_in_parquet_is_given_one_sql_can_use(
 
     assert [c.name for c in ok.schema] == ["column_1", "v"]  # DuckDB called it v0
     assert ok_of(query({"sql": "SELECT sum(column_1) AS s FROM blank"}, ctx)).data["s"][0] == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Times with UTC offsets
+
+
+def test_local_times_across_a_daylight_saving_change_are_read_as_utc_times(
+    ctx: ToolContext, files: Path
+) -> None:
+    """Local time written with its offset (+01:00 in winter, +02:00 in summer) stayed text, so
+    no date function or time comparison worked on the column."""
+    (files / "meter.csv").write_text(
+        "at,kwh\n"
+        "2024-03-31T01:30:00+01:00,1.5\n"
+        "2024-03-31T03:30:00+02:00,2.5\n"
+        "2024-10-27T02:30:00Z,3.5\n"
+        ",4.5\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "meter.csv"}, ctx))
+
+    assert "mixed_offsets" in kinds(ok)
+    at = ctx.load_dataset("meter")["at"]
+    assert str(at.dtype).startswith("datetime64") and str(at.dt.tz) == "UTC"
+    assert at.iloc[0] == pd.Timestamp("2024-03-31T00:30:00Z")
+    assert at.iloc[1] == pd.Timestamp("2024-03-31T01:30:00Z") and at.isna().iloc[3]
+    sql = 'SELECT max("at") - min("at") AS span, count("at") AS n FROM meter'
+    gap = ok_of(query({"sql": sql}, ctx))
+    assert gap.data["n"][0] == 3
+    assert gap.data["span"][0] == datetime.timedelta(days=210, hours=2)
+
+
+def test_sql_naming_a_reserved_word_column_unquoted_gets_the_quoted_sql_to_retry(
+    ctx: ToolContext, files: Path
+) -> None:
+    """A column called `at`, `order` or `group` is common in published data; unquoted, the model
+    only read "syntax error at or near )"."""
+    (files / "shop.csv").write_text("order,at,qty\n1,x,2\n2,y,3\n", encoding="utf-8")
+    ok_of(load_dataset({"path": "shop.csv"}, ctx))
+    sql = "SELECT at, sum(qty) AS q FROM shop WHERE at <> 'at' -- at\nGROUP BY at ORDER BY at"
+
+    with pytest.raises(HintException) as raised:
+        query({"sql": sql}, ctx)
+
+    hint = raised.value
+    assert "'at'" in hint.message and "double quotes" in hint.message
+    fixed = hint.alternatives[0].label
+    assert fixed == (
+        'SELECT "at", sum(qty) AS q FROM shop WHERE "at" <> \'at\' -- at\n'
+        'GROUP BY "at" ORDER BY "at"'
+    )
+    assert ok_of(query({"sql": fixed}, ctx)).data["q"].tolist() == [2, 3]
+    with pytest.raises(HintException) as other:  # a syntax error of another kind: no guess
+        query({"sql": "SELECT qty FROM shop WHERE"}, ctx)
+    assert other.value.alternatives == [] and "double quotes" not in other.value.message
+
+
+def test_times_with_one_offset_keep_it_and_a_mix_of_zoned_and_naive_stays_text(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "same.csv").write_text(
+        "at\n2024-01-01T10:00:00+01:00\n2024-01-02T10:00:00+01:00\n", encoding="utf-8"
+    )
+    (files / "mixed.csv").write_text(
+        "at\n2024-01-01T10:00:00+01:00\n2024-01-02T10:00:00\n", encoding="utf-8"
+    )
+
+    same = ok_of(load_dataset({"path": "same.csv"}, ctx))
+    mixed = ok_of(load_dataset({"path": "mixed.csv"}, ctx))
+
+    assert "mixed_offsets" not in kinds(same) + kinds(mixed)
+    assert str(ctx.load_dataset("same")["at"].dt.tz) == "UTC+01:00"
+    assert ctx.load_dataset("mixed")["at"].tolist() == [
+        "2024-01-01T10:00:00+01:00",
+        "2024-01-02T10:00:00",
+    ]
