@@ -341,23 +341,29 @@ def sql_names(names: Sequence[object]) -> list[str]:
     return unique_names(names, fold_case=True)
 
 
-def _sql_named_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
-    """`df` with sql_names() for columns, an empty name as `column_<position>` (SQL cannot
-    name it: DuckDB calls it v0), and a warning naming those renamed."""
-    blanks = [str(c) if str(c).strip() else f"column_{i + 1}" for i, c in enumerate(df.columns)]
+def _sql_column_names(columns: Sequence[object], warnings: list[Warning]) -> list[str]:
+    """sql_names() of `columns`, an empty name as `column_<position>` (SQL cannot name it:
+    DuckDB calls it v0), and one warning naming those renamed."""
+    blanks = [str(c) if str(c).strip() else f"column_{i + 1}" for i, c in enumerate(columns)]
     names = sql_names(blanks)
-    renamed = [new for old, new in zip(df.columns, names, strict=True) if str(old) != new]
-    if not renamed:
-        return df
-    df.columns = pd.Index(names)
-    warnings.append(
-        Warning(
-            kind="duplicate_columns",
-            message="column names that are empty or repeat (SQL ignores case) were renamed: "
-            + ", ".join(renamed),
-            details={"renamed": renamed},
+    renamed = [new for old, new in zip(columns, names, strict=True) if str(old) != new]
+    if renamed:
+        warnings.append(
+            Warning(
+                kind="duplicate_columns",
+                message="column names that are empty or repeat (SQL ignores case) were renamed: "
+                + ", ".join(renamed),
+                details={"renamed": renamed},
+            )
         )
-    )
+    return names
+
+
+def _sql_named_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """`df` with _sql_column_names() for columns."""
+    names = _sql_column_names(list(df.columns), warnings)
+    if names != [str(c) for c in df.columns] or not all(isinstance(c, str) for c in df.columns):
+        df.columns = pd.Index(names)
     return df
 
 
@@ -371,8 +377,41 @@ def _max_dataset_bytes(context: ToolContext) -> int:
     return context.settings.max_dataset_bytes
 
 
+# pandas' nullable integer types, for Arrow integer columns with nulls.
+_NULLABLE_INTEGERS: dict[pa.DataType, Any] = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.uint8(): pd.UInt8Dtype(),
+    pa.uint16(): pd.UInt16Dtype(),
+    pa.uint32(): pd.UInt32Dtype(),
+    pa.uint64(): pd.UInt64Dtype(),
+}
+
+
 def _arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
-    """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text."""
+    """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text. Integer
+    columns with nulls stay integers (nullable): pandas makes them float64, which shows a count
+    of 3 as 3.0 and rounds an id past 2**53 (Parquet from Spark, DuckDB or Arrow, and query
+    results, carry no pandas metadata to say otherwise)."""
+    return _nullable_integers(table, _arrow_to_pandas_types(table))
+
+
+def _nullable_integers(table: pa.Table, df: pd.DataFrame) -> pd.DataFrame:
+    """`df` (from `table`) with the integer columns pandas made float64 as nullable integers."""
+    positions = {name: i for i, name in enumerate(table.column_names)}
+    for position, name in enumerate(df.columns):
+        source = positions.get(str(name))
+        if source is None or not pd.api.types.is_float_dtype(df.iloc[:, position].dtype):
+            continue
+        column = table.column(source)
+        if column.type in _NULLABLE_INTEGERS:
+            df.isetitem(position, column.to_pandas(types_mapper=_NULLABLE_INTEGERS.get).array)
+    return df
+
+
+def _arrow_to_pandas_types(table: pa.Table) -> pd.DataFrame:
     try:
         return table.to_pandas()
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
@@ -594,12 +633,101 @@ def _file_alternatives(raw: str, roots: Sequence[Path]) -> list[Alternative]:
     return safe[:MAX_ALTERNATIVES]
 
 
-def _detect_format(path: Path, requested: str) -> FileFormat:
-    if requested == "csv":
-        return "csv"
-    if requested == "parquet":
-        return "parquet"
-    if requested != "auto":
+SUPPORTED_FORMATS = (
+    "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
+    "one-file .zip) and Parquet (.parquet, .pq)"
+)
+# Formats load_dataset does not read, by extension: what the file is, and what to do instead.
+_EXCEL_ADVICE = "save the sheet as CSV (UTF-8) and load that"
+_CONVERT_ADVICE = "convert it to CSV or Parquet and load that"
+_UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
+    ".xlsx": ("an Excel workbook", _EXCEL_ADVICE),
+    ".xlsm": ("an Excel workbook", _EXCEL_ADVICE),
+    ".xlsb": ("an Excel workbook", _EXCEL_ADVICE),
+    ".xls": ("an Excel workbook", _EXCEL_ADVICE),
+    ".ods": ("an OpenDocument spreadsheet", _EXCEL_ADVICE),
+    ".json": ("JSON", _CONVERT_ADVICE),
+    ".jsonl": ("JSON Lines", _CONVERT_ADVICE),
+    ".ndjson": ("JSON Lines", _CONVERT_ADVICE),
+    ".geojson": ("GeoJSON", _CONVERT_ADVICE),
+    ".feather": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
+    ".arrow": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
+    ".orc": ("an ORC file", _CONVERT_ADVICE),
+    ".avro": ("an Avro file", _CONVERT_ADVICE),
+    ".sav": ("an SPSS data file", _CONVERT_ADVICE),
+    ".dta": ("a Stata data file", _CONVERT_ADVICE),
+    ".sas7bdat": ("a SAS data file", _CONVERT_ADVICE),
+    ".h5": ("an HDF5 file", _CONVERT_ADVICE),
+    ".hdf5": ("an HDF5 file", _CONVERT_ADVICE),
+    ".sqlite": ("a SQLite database", _CONVERT_ADVICE),
+    ".db": ("a database file", _CONVERT_ADVICE),
+    ".pdf": ("a PDF document", "extract its tables to CSV and load that"),
+}
+PARQUET_MAGIC = b"PAR1"
+# Formats load_dataset does not read, by their first bytes (a file whose name does not say,
+# or one given format='csv'), which would otherwise be read as a one-column CSV of garbage.
+_FOREIGN_FILE_MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an Excel 97-2003 workbook (.xls)", _EXCEL_ADVICE),
+    (b"ARROW1", "an Arrow IPC (Feather) file", _CONVERT_ADVICE),
+    (b"SQLite format 3\x00", "a SQLite database", _CONVERT_ADVICE),
+    (b"%PDF-", "a PDF document", "extract its tables to CSV and load that"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file", _CONVERT_ADVICE),
+    (b"Obj\x01", "an Avro file", _CONVERT_ADVICE),
+)
+# The same, and what is not CSV once decompressed (a ZIP file or Parquet inside a gzip one).
+_FOREIGN_MAGIC: tuple[tuple[bytes, str, str], ...] = (
+    *_FOREIGN_FILE_MAGIC,
+    (b"PK\x03\x04", "a ZIP archive (an Excel .xlsx workbook?) inside the file", _EXCEL_ADVICE),
+    (
+        PARQUET_MAGIC,
+        "Parquet data in a compressed or truncated file",
+        "load the uncompressed, complete .parquet file",
+    ),
+)
+# Compressed data, by its first bytes: read so whatever the file is named.
+_COMPRESSION_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b\x08", ".gz"),
+    (b"\xfd7zXZ\x00", ".xz"),
+    (b"\x28\xb5\x2f\xfd", ".zst"),
+    (b"PK\x03\x04", ".zip"),
+)
+_BZIP2_MAGIC_RE = re.compile(rb"BZh[1-9]1AY&SY")
+
+
+def _unsupported(name: str, what: str, advice: str) -> HintException:
+    return HintException(
+        "schema", f"{clip(name, MAX_PATH_ECHO_CHARS)!r} is {what}: {SUPPORTED_FORMATS}; {advice}"
+    )
+
+
+def _peek(opened: IO[bytes], size: int = 16) -> bytes:
+    """The first `size` bytes of `opened`, which is left at its start."""
+    opened.seek(0)
+    head = opened.read(size)
+    opened.seek(0)
+    return head
+
+
+def _is_parquet(opened: IO[bytes]) -> bool:
+    """Whether `opened` is a Parquet file: it starts and ends with PAR1."""
+    if not _peek(opened).startswith(PARQUET_MAGIC):
+        return False
+    try:
+        opened.seek(-len(PARQUET_MAGIC), os.SEEK_END)
+        return opened.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    except OSError:
+        return False
+    finally:
+        opened.seek(0)
+
+
+def _detect_format(
+    path: Path, requested: str, opened: IO[bytes], warnings: list[Warning]
+) -> FileFormat:
+    """The format to read `opened` as: Parquet when its bytes are (whatever it is named or
+    `requested` says, with a warning), else what `requested` or the extension says. A format
+    load_dataset does not read (Excel, JSON…) is a schema Hint naming the ones it does."""
+    if requested not in ("auto", "csv", "parquet"):
         raise HintException(
             "schema",
             f"format must be 'auto', 'csv' or 'parquet', not {requested!r}",
@@ -607,20 +735,56 @@ def _detect_format(path: Path, requested: str) -> FileFormat:
         )
     suffixes = _format_suffixes(path)
     last = suffixes[-1] if suffixes else ""
+    if requested != "parquet" and _is_parquet(opened):
+        if requested == "csv" or last in CSV_SUFFIXES:
+            said = "format='csv'" if requested == "csv" else f"its name ({path.name!r})"
+            warnings.append(
+                Warning(
+                    kind="format",
+                    message=f"the file is Parquet, though {said} says CSV; read as Parquet",
+                )
+            )
+        return "parquet"
+    if requested in ("csv", "parquet"):
+        return "csv" if requested == "csv" else "parquet"
     if last in CSV_SUFFIXES:
         return "csv"
     if last in PARQUET_SUFFIXES:
         return "parquet"
+    if last in _UNSUPPORTED_SUFFIXES:
+        raise _unsupported(path.name, *_UNSUPPORTED_SUFFIXES[last])
+    head = _peek(opened)
+    for magic, what, advice in _FOREIGN_FILE_MAGIC:
+        if head.startswith(magic):
+            raise _unsupported(path.name, what, advice)
+    if path.suffix.lower() == ".zip" and not suffixes:
+        member = _zip_member_suffix(opened, path)
+        if member in CSV_SUFFIXES:
+            return "csv"
     raise HintException(
         "fetch",
         f"cannot tell the format of {path.name!r} from its extension "
-        f"({last or 'none'}); load_dataset reads CSV and Parquet files — pass format if the "
-        "file is one of those",
+        f"({last or 'none'}); {SUPPORTED_FORMATS} — pass format if the file is one of those",
         [
             {"label": 'format="csv"', "score": 0.5, "action": "add"},
             {"label": 'format="parquet"', "score": 0.5, "action": "add"},
         ],
     )
+
+
+def _zip_member_suffix(opened: IO[bytes], path: Path) -> str:
+    """The extension of the one file in the ZIP archive `opened` (`data.zip` holding
+    `data.csv`), lowercased; "" when it holds another number of files or is not a ZIP."""
+    try:
+        with zipfile.ZipFile(opened) as archive:
+            members = [info for info in archive.infolist() if not info.is_dir()]
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return ""
+    finally:
+        opened.seek(0)
+    if len(members) != 1:
+        return ""
+    return Path(members[0].filename).suffix.lower()
 
 
 def _delimiter(raw: str | None, path: Path) -> str | None:
@@ -697,9 +861,33 @@ class _Borrowed(io.RawIOBase):
         return len(data)
 
 
-def _decompressing(raw: IO[bytes], path: Path) -> Any:
-    """A reader of `raw`'s decompressed bytes, by the last suffix of `path`."""
+def _compression(raw: IO[bytes], path: Path) -> str:
+    """How `raw` is compressed: by the last suffix of `path`, else by its first bytes (a
+    gzip file saved as `data.csv`, as some downloads are); "" when it is not."""
     suffix = path.suffixes[-1].lower() if path.suffixes else ""
+    if suffix in COMPRESSION_SUFFIXES:
+        return suffix
+    head = _peek(raw)
+    for magic, sniffed in _COMPRESSION_MAGIC:
+        if head.startswith(magic):
+            return sniffed
+    return ".bz2" if _BZIP2_MAGIC_RE.match(head) else ""
+
+
+def _excel_archive(archive: zipfile.ZipFile) -> str | None:
+    """What spreadsheet the ZIP archive is (an .xlsx or .ods file is one), else None."""
+    names = set(archive.namelist())
+    if "[Content_Types].xml" in names and any(n.startswith("xl/") for n in names):
+        return "an Excel workbook (.xlsx)"
+    if "mimetype" in names and b"spreadsheet" in archive.read("mimetype")[:100]:
+        return "an OpenDocument spreadsheet (.ods)"
+    return None
+
+
+def _decompressing(raw: IO[bytes], path: Path) -> Any:
+    """A reader of `raw`'s decompressed bytes, by the last suffix of `path` or its first
+    bytes (see _compression)."""
+    suffix = _compression(raw, path)
     if suffix == ".gz":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if suffix == ".bz2":
@@ -710,6 +898,9 @@ def _decompressing(raw: IO[bytes], path: Path) -> Any:
         return pa.CompressedInputStream(pa.PythonFile(_Borrowed(raw), mode="r"), "zstd")
     if suffix == ".zip":
         archive = zipfile.ZipFile(raw)
+        spreadsheet = _excel_archive(archive)
+        if spreadsheet is not None:
+            raise _unsupported(path.name, spreadsheet, _EXCEL_ADVICE)
         members = [info for info in archive.infolist() if not info.is_dir()]
         if len(members) != 1:
             listed = ", ".join(clip(info.filename, 80) for info in members[:5])
@@ -1078,15 +1269,65 @@ def _detected_delimiter(text: str, complete: bool, warnings: list[Warning]) -> s
     sniffed = _sniff_delimiter(text, complete)
     if sniffed is None:
         return ","
+    _detected_delimiter_warning(sniffed, warnings)
+    return sniffed
+
+
+def _detected_delimiter_warning(delimiter: str, warnings: list[Warning]) -> None:
     warnings.append(
         Warning(
             kind="delimiter",
-            message=f"fields are separated by {_shown_delimiter(sniffed)!r} (read off the "
+            message=f"fields are separated by {_shown_delimiter(delimiter)!r} (read off the "
             "file's first lines); pass delimiter to use another separator",
-            details={"delimiter": sniffed},
+            details={"delimiter": delimiter},
         )
     )
-    return sniffed
+
+
+# Lines of notes (a title, the source, a date) looked for above a table, and how many of them
+# a warning quotes and keeps.
+MAX_NOTE_LINES = 50
+MAX_NOTES_SHOWN = 4
+MAX_NOTES_KEPT = 20
+
+
+def _notes_above_table(
+    lines: Sequence[str], complete: bool, delimiter: str | None
+) -> tuple[int, str, list[str]] | None:
+    """Where a table starts below lines of notes, as World Bank and national statistics
+    offices export it (`"Data Source","World Development Indicators",`, a blank line,
+    `"Last Updated Date","2024-06-28",`, a blank line, then the header): the number of lines
+    before its header, its separator (`delimiter`, or the candidate giving the widest table)
+    and the notes (the non-blank lines skipped). The header is the first line after a blank
+    one such that the records from it on are consistent (see _consistent), it reads as a
+    header rather than data, and every note above it has fewer fields than it. None when
+    there is no such line."""
+    candidates = (delimiter,) if delimiter is not None else DELIMITER_CANDIDATES
+    for i in range(1, min(len(lines), MAX_NOTE_LINES + 1)):
+        if lines[i - 1].strip() or not lines[i].strip():
+            continue
+        notes = [line.strip() for line in lines[:i] if line.strip()]
+        if not notes:
+            continue  # only blank lines above: pandas skips those itself
+        table = "".join(lines[i:])
+        best: tuple[int, str] | None = None
+        for candidate in candidates:
+            records = _sample_records(table, complete, candidate)
+            if not records or len(records) < 2 or len(records[0]) < 2:
+                continue
+            width = len(records[0])
+            if (
+                not _consistent(records)
+                or _first_record_is_data(records)
+                or (best is not None and width <= best[0])
+            ):
+                continue
+            noted = [next(csv.reader([note], delimiter=candidate), []) for note in notes]
+            if all(len(fields) < width for fields in noted):
+                best = (width, candidate)
+        if best is not None:
+            return i, best[1], notes
+    return None
 
 
 def _excel_separator(line: str) -> str | None:
@@ -1109,6 +1350,26 @@ class _CsvLayout:
 _MARKUP_STARTS = ("<!doctype html", "<html", "<?xml", "<head", "<body")
 
 
+def _refuse_json(text: str, complete: bool, name: str) -> None:
+    """A schema Hint when the text a CSV file starts with is JSON: an array of objects or
+    arrays, or JSON Lines (a first line that is a JSON object), which read as CSV would be a
+    table of fragments (`{"a":1`, `b:"x"}`)."""
+    start = text.lstrip("\ufeff \t\r\n")
+    if re.match(r"\[\s*[\[{]", start):
+        raise _unsupported(name, "JSON (an array of records), not CSV", _CONVERT_ADVICE)
+    if not start.startswith("{"):
+        return
+    first, newline, _ = start.partition("\n")
+    if not newline and not complete:
+        return  # one line longer than the sample: cannot tell
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return
+    if isinstance(record, dict):
+        raise _unsupported(name, "JSON Lines (a JSON object per line), not CSV", _CONVERT_ADVICE)
+
+
 def _csv_layout(
     text: str,
     *,
@@ -1129,6 +1390,7 @@ def _csv_layout(
             f"{name!r} is an HTML or XML document, not CSV (a saved web page or a download's "
             "error page?): fetch the data file itself",
         )
+    _refuse_json(text, complete, name)
     lines = text.splitlines(keepends=True)
     excel = _excel_separator(lines[0] if lines else "")
     if excel is not None and delimiter is None:
@@ -1141,6 +1403,7 @@ def _csv_layout(
     while preamble > start and not lines[preamble - 1].strip():
         preamble -= 1  # blank lines before the header: pandas skips those itself
     rest = "".join(lines[preamble:]) if preamble else text
+    given = delimiter
     if delimiter is None:
         delimiter = _detected_delimiter(rest, complete, warnings)
     records = _sample_records(rest, complete, delimiter) or []
@@ -1161,6 +1424,27 @@ def _csv_layout(
                 details={"lines": preamble - start},
             )
         )
+    if records and (len(records[0]) < 2 or not _consistent(records)):
+        block = _notes_above_table(lines[preamble:], complete, given)
+        if block is not None:
+            skipped, found, notes = block
+            preamble += skipped
+            records = _sample_records("".join(lines[preamble:]), complete, found) or []
+            if given is None and found != delimiter:
+                _detected_delimiter_warning(found, warnings)
+            delimiter = found
+            shown = "; ".join(clip(note, 100) for note in notes[:MAX_NOTES_SHOWN])
+            more = (
+                f"; … {len(notes) - MAX_NOTES_SHOWN} more" if len(notes) > MAX_NOTES_SHOWN else ""
+            )
+            warnings.append(
+                Warning(
+                    kind="preamble",
+                    message=f"skipped {skipped} line(s) of notes above the table's header: "
+                    f"{shown}{more}",
+                    details={"lines": skipped, "notes": notes[:MAX_NOTES_KEPT]},
+                )
+            )
     if excel is not None:
         warnings.append(
             Warning(
@@ -1309,6 +1593,9 @@ def _read_csv(
 
     try:
         head = stream().read(max(ENCODING_SAMPLE_BYTES, DELIMITER_SAMPLE_BYTES))
+        for magic, what, advice in _FOREIGN_MAGIC:
+            if head.startswith(magic):
+                raise _unsupported(path.name, what, advice)
         encodings = _sniff_encodings(head[:ENCODING_SAMPLE_BYTES])
         layout = _csv_layout(
             head.decode(encodings[0], errors="replace"),
@@ -1321,21 +1608,26 @@ def _read_csv(
         delimiter = layout.delimiter
 
         def read(
-            encoding: str, quoting: _Quoting, as_text: list[int] | None = None
+            encoding: str,
+            quoting: _Quoting,
+            as_text: list[int] | None = None,
+            *,
+            header_row: bool = False,
         ) -> pd.DataFrame:
             return pd.read_csv(
                 stream(),
                 sep=layout.delimiter,
                 encoding=encoding,
-                header=0 if layout.header else None,
+                header=0 if layout.header and not header_row else None,
                 skiprows=layout.preamble_lines,
                 skipinitialspace=layout.initial_space,
                 quoting=quoting,
                 low_memory=False,
                 usecols=as_text,
                 # A trailing delimiter does not shift the positions of the columns as text.
-                index_col=False if as_text is not None else None,
-                dtype=str if as_text is not None else None,
+                index_col=False if as_text is not None or header_row else None,
+                dtype=str if as_text is not None or header_row else None,
+                nrows=1 if header_row else None,
             )
 
         for encoding in encodings:
@@ -1357,6 +1649,9 @@ def _read_csv(
 
         def may_have_leading_zeros() -> bool:
             return _may_have_leading_zeros(stream(), encoding, layout)
+
+        if layout.header:
+            df = _header_as_written(df, lambda: read(encoding, quoting, header_row=True))
     except pd.errors.EmptyDataError as exc:
         raise HintException(
             "schema", f"{path.name!r} is empty: there is no header row to read"
@@ -1393,19 +1688,28 @@ def _read_csv(
         warnings.append(
             Warning(kind="encoding", message=f"the file is not valid UTF-8; read as {label}")
         )
-    mangled = [
-        str(c)
-        for c in df.columns
-        if (m := re.fullmatch(r"(.+)\.(\d+)", str(c))) and m.group(1) in df.columns
+    return df
+
+
+def _header_as_written(df: pd.DataFrame, read_header: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """`df` with the names its header row gives, where pandas renamed a repeated one (`a`, `a`
+    read as `a`, `a.1`): load_dataset renames repeats once, SQL-style (`a_2`), with a warning
+    naming only those; and a name written `x.1` is not one of them. `read_header` reads the
+    header row as a row of text."""
+    if not any(re.fullmatch(r".+\.\d+", str(c)) for c in df.columns):
+        return df
+    try:
+        written = read_header()
+    except (pd.errors.ParserError, ValueError) as exc:  # read once already: not expected
+        logger.warning("could not re-read the header row: %s", exc)
+        return df
+    if written.shape != (1, df.shape[1]):
+        return df
+    names = [
+        name if isinstance(name, str) and str(current) != name else current
+        for current, name in zip(df.columns, written.iloc[0], strict=True)
     ]
-    if mangled:
-        warnings.append(
-            Warning(
-                kind="duplicate_columns",
-                message="duplicate column names were renamed: " + ", ".join(mangled),
-                details={"renamed": mangled},
-            )
-        )
+    df.columns = pd.Index(names)
     return df
 
 
@@ -1582,17 +1886,12 @@ def _read_parquet(
             f"could not read {path.name!r} as Parquet: {_first_lines(exc)}; the file is corrupt "
             "or truncated, or not Parquet (pass format='csv' if it is a CSV file)",
         ) from exc
-    names = unique_names(table.column_names)
-    if names != table.column_names:
-        renamed = [new for old, new in zip(table.column_names, names, strict=True) if old != new]
+    # Renamed here, once (load_dataset's renaming then finds nothing to do): Arrow and pandas
+    # need unique names, and SQL names that differ even ignoring case.
+    names = _sql_column_names(table.column_names, warnings)
+    if names != table.column_names:  # (renaming drops the pandas metadata: its index)
         table = table.rename_columns(names)
-        warnings.append(
-            Warning(
-                kind="duplicate_columns",
-                message="duplicate column names were renamed: " + ", ".join(renamed),
-                details={"renamed": renamed},
-            )
-        )
+    table = _maps_as_entries(table, warnings)
     return _index_as_columns(_arrow_to_pandas(table), warnings)
 
 
@@ -1651,7 +1950,7 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
 
     warnings: list[Warning] = []
     with _open_regular(path, raw_path, roots) as opened:
-        file_format = _detect_format(path, requested_format.lower())
+        file_format = _detect_format(path, requested_format.lower(), opened, warnings)
         size = os.fstat(opened.fileno()).st_size
         if size > limit:
             raise _too_large(path.name, f"{size} bytes", limit)
@@ -1988,6 +2287,33 @@ def _interval_values(column: pa.ChunkedArray) -> pa.Array:
     return pa.array([None if v is None else _interval_text(v) for v in values], pa.string())
 
 
+def _map_entries_type(map_type: pa.MapType) -> pa.DataType:
+    """A MAP's type as its entries, a list of {key, value}: pandas has no map, and its list of
+    tuples was stored as their Python repr (map_from_entries() makes it a MAP again in SQL)."""
+    return pa.list_(pa.struct([map_type.key_field, map_type.item_field]))
+
+
+def _maps_as_entries(table: pa.Table, warnings: list[Warning]) -> pa.Table:
+    """`table` with its MAP columns as lists of {key, value} entries (see _map_entries_type),
+    named in a warning."""
+    maps = [i for i, field in enumerate(table.schema) if pa.types.is_map(field.type)]
+    for i in maps:
+        field = table.schema.field(i)
+        table = table.set_column(i, field.name, table.column(i).cast(_map_entries_type(field.type)))
+    if maps:
+        names = [table.column_names[i] for i in maps]
+        warnings.append(
+            Warning(
+                kind="map_entries",
+                message="MAP columns are kept as lists of {key, value} entries: "
+                + ", ".join(names)
+                + "; map_from_entries(<column>) makes a MAP of one in SQL",
+                details={"columns": names},
+            )
+        )
+    return table
+
+
 def _plain_types(table: pa.Table, warnings: list[Warning] | None = None) -> pa.Table:
     """DuckDB DECIMAL/HUGEINT columns (e.g. sum() of integers) as int64/float64, which pandas
     handles as numbers rather than Python Decimal objects. A column that loses digits that
@@ -2005,10 +2331,7 @@ def _plain_types(table: pa.Table, warnings: list[Warning] | None = None) -> pa.T
             target = pa.int64() if field.type.scale == 0 else pa.float64()
             changed = True
         elif pa.types.is_map(field.type):
-            # A MAP as its entries, a list of {key, value}: pandas has no map, and its list of
-            # tuples was stored as their Python repr (map_from_entries() makes it a MAP again).
-            entry = pa.struct([field.type.key_field, field.type.item_field])
-            target = pa.list_(entry)
+            target = _map_entries_type(field.type)
             changed = True
         fields.append(pa.field(field.name, target, field.nullable))
     if not changed:
@@ -2227,6 +2550,50 @@ def _register(
     con.register(name, table.select(kept))
 
 
+def _time_zones(schema: pa.Schema) -> set[str]:
+    """The time zones of `schema`'s zoned timestamp columns."""
+    return {
+        str(field.type.tz)
+        for field in schema
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None
+    }
+
+
+def _set_time_zone(
+    con: duckdb.DuckDBPyConnection, zones: set[str], warnings: list[Warning]
+) -> None:
+    """Set the zone DuckDB computes zoned times in (hour(), date_trunc(), casts to DATE…)
+    and gives them back in: the datasets' own when their zoned times all have one (taxi trips
+    in America/New_York counted by hour of the day in New York, not in UTC), else UTC, named
+    in a warning. Without this it was the server's local zone."""
+    zone = next(iter(zones)) if len(zones) == 1 else "UTC"
+    # Arrow writes a fixed offset as "+05:00", which DuckDB knows as "UTC+05:00".
+    tried = [zone, f"UTC{zone}"] if zone[:1] in "+-" else [zone]
+    for name in tried:
+        try:
+            con.execute("SET TimeZone = '" + name.replace("'", "''") + "'")
+            break
+        except duckdb.Error:
+            continue
+    else:
+        try:
+            con.execute("SET TimeZone = 'UTC'")
+        except duckdb.Error as exc:  # a DuckDB without time zones (no ICU): leave it
+            logger.warning("cannot set DuckDB's time zone: %s", exc)
+            return
+        zones = zones | {"UTC"}  # the warning below names the zone that could not be used
+    if len(zones) > 1:
+        shown = ", ".join(sorted(zones - {"UTC"}))
+        warnings.append(
+            Warning(
+                kind="time_zone",
+                message=f"the datasets' times are in time zone(s) {shown}: zoned times are "
+                "computed and shown in UTC; use AT TIME ZONE '<zone>' for local times",
+                details={"zones": sorted(zones)},
+            )
+        )
+
+
 def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     """Read-only DuckDB SQL over the conversation's datasets; save_as keeps the full result."""
     warnings: list[Warning] = []
@@ -2249,13 +2616,17 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     try:
         infos = context.list_datasets()
         _check_read_only(con, sql, infos)  # before any dataset is loaded
+        zones: set[str] = set()
         for info in _datasets_read_by(con, sql, infos):
             try:
                 frame = context.load_dataset(info.name)
             except KeyError:
                 logger.info("dataset %r vanished before the query; skipping it", info.name)
                 continue
-            _register(con, info.name, dataframe_to_arrow(frame), warnings)
+            table = dataframe_to_arrow(frame)
+            zones.update(_time_zones(table.schema))
+            _register(con, info.name, table, warnings)
+        _set_time_zone(con, zones, warnings)
         con.execute("SET lock_configuration = true")
         with _Watchdog(con, timeout_s) as watchdog:
             try:

@@ -339,10 +339,12 @@ def test_a_directory_is_a_schema_hint(ctx: ToolContext, files: Path) -> None:
 def test_an_unsupported_extension_is_a_hint_suggesting_a_format(
     ctx: ToolContext, files: Path
 ) -> None:
-    (files / "book.xlsx").write_bytes(b"PK\x03\x04")
+    # (A format load_dataset knows it does not read, .xlsx or .json, is a schema Hint naming
+    # the ones it does: test_analysis_published.py.)
+    (files / "book.dat").write_bytes(b"a|b\n1|2\n")
 
     with pytest.raises(HintException) as excinfo:
-        load_dataset({"path": "book.xlsx"}, ctx)
+        load_dataset({"path": "book.dat"}, ctx)
 
     hint = hint_of(excinfo)
     assert hint.hint_kind == "fetch"
