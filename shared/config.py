@@ -79,6 +79,15 @@ def _choice(env: Mapping[str, str], key: str, choices: tuple[str, ...], default:
     return raw
 
 
+def _capability(env: Mapping[str, str], key: str) -> str:
+    """A capability name (empty: none): at most 128 characters, no control characters or
+    spaces — what a tool's required_capabilities and a caller's capabilities can hold."""
+    raw = env.get(key, "").strip()
+    if len(raw) > 128 or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in raw):
+        raise ValueError(f"{key}={raw[:140]!r} is not a capability name (128 printable characters)")
+    return raw
+
+
 @dataclass(frozen=True)
 class MuxSettings:
     """The mesh's call streams (shared.mux), read by every channel a service opens to another.
@@ -223,6 +232,11 @@ class Settings:
                         FAILED_PRECONDITION).
     mcp_catalog_path    TOOLMESH_MCP_CATALOG, default <data_dir>/mcp_catalog.json — the local
                         catalog of installable MCP servers an admin maintains.
+    mcp_destructive_capability  TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY, default empty (no gating) —
+                        a capability the MCP bridge adds to the required_capabilities of every
+                        tool whose server declares `destructiveHint: true` (explicitly: an
+                        absent hint does not gate), so only callers holding it can run (or be
+                        offered) such tools; at most 128 printable characters.
     surface_embeddings  TOOLMESH_SURFACE_EMBEDDINGS, default on — search_tools fuses embedding
                         similarity with BM25 (off, or the model package absent: BM25 alone).
     surface_floor_ttl_s TOOLMESH_SURFACE_FLOOR_TTL_S, default 30 — how long a surface replica
@@ -277,6 +291,7 @@ class Settings:
     mcp_hold_changed: bool = True
     mcp_export_max_bytes: int = 1 << 30
     mcp_catalog_path: Path | None = None
+    mcp_destructive_capability: str = ""
     surface_embeddings: bool = True
     surface_floor_ttl_s: float = 30.0
     surface_derive_interval_s: float = 3600.0
@@ -366,6 +381,7 @@ class Settings:
             mcp_catalog_path=Path(
                 env.get("TOOLMESH_MCP_CATALOG") or data_dir / "mcp_catalog.json"
             ).resolve(),
+            mcp_destructive_capability=_capability(env, "TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY"),
             surface_embeddings=_bool(env.get("TOOLMESH_SURFACE_EMBEDDINGS"), True),
             surface_floor_ttl_s=_float(env, "TOOLMESH_SURFACE_FLOOR_TTL_S", 30.0),
             surface_derive_interval_s=_float(env, "TOOLMESH_SURFACE_DERIVE_INTERVAL_S", 3600.0),

@@ -65,6 +65,12 @@ MAX_ID_CHARS = 128
 # A tool's description goes into every prompt that offers the tool: the registry refuses a
 # longer one, and the MCP bridge clips a server's to it.
 MAX_TOOL_DESCRIPTION_CHARS = 32 * 1024
+# A tool's display title (an MCP server's `title`): the bridge cuts a server's longer one to this,
+# and the registry refuses a longer one.
+MAX_TOOL_TITLE_CHARS = 256
+# The behaviour hints of a tool's annotations, as stored (tool_definitions.annotations) and as
+# the fields of ToolAnnotations.
+ANNOTATION_HINTS = ("read_only", "destructive", "idempotent", "open_world")
 # A tool's input schema as JSON: every listing of the catalog carries it, and the registry
 # compiles it before the tool's first call (a 4 MB one took 12 s). The MCP bridge skips a
 # server's tool with a larger one.
@@ -88,6 +94,33 @@ def clip(text: str, limit: int) -> str:
 def printable(text: str) -> str:
     """`text` with its control characters as U+FFFD (what a column and a message can hold)."""
     return _CONTROL_CHARS.sub("\ufffd", text)
+
+
+def annotations_to_pb(value: Mapping[str, Any] | None) -> pb.ToolAnnotations | None:
+    """A stored annotations object ({"title": str, "read_only": bool, ...}) as ToolAnnotations;
+    None when there is none. A hint that is not a boolean, or a title that is not a string, is
+    left out."""
+    if not value:
+        return None
+    msg = pb.ToolAnnotations()
+    title = value.get("title")
+    if isinstance(title, str):
+        msg.title = title
+    for hint in ANNOTATION_HINTS:
+        flag = value.get(hint)
+        if isinstance(flag, bool):
+            setattr(msg, hint, flag)
+    return msg
+
+
+def annotations_from_pb(m: pb.ToolAnnotations) -> dict[str, Any] | None:
+    """ToolAnnotations as the stored object: the title when not empty and each hint that is set;
+    None when that leaves nothing."""
+    value: dict[str, Any] = {"title": m.title} if m.title else {}
+    for hint in ANNOTATION_HINTS:
+        if m.HasField(hint):
+            value[hint] = getattr(m, hint)
+    return value or None
 
 
 def check_ids(fields: Sequence[tuple[str, str]]) -> None:

@@ -51,6 +51,7 @@ async def serve(settings: Settings, port: int) -> None:
         hold_changed=settings.mcp_hold_changed,
         export_dir=settings.data_dir / "exports" / "mcp",
         export_max_bytes=settings.mcp_export_max_bytes,
+        destructive_capability=settings.mcp_destructive_capability,
     )
     server, bound, health = await create_server(
         [

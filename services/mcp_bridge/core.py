@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.mcp_bridge import sdk
+from services.mcp_bridge.annotations import annotations_of, required_capabilities
 from services.mcp_bridge.connection import LiveConnection, list_tools
 from services.mcp_bridge.content import DEFAULT_EXPORT_MAX_BYTES, result_to_envelope
 from services.mcp_bridge.model import (
@@ -165,8 +166,12 @@ class McpBridge:
         export_max_bytes: int = DEFAULT_EXPORT_MAX_BYTES,
         tools_changed_delay_s: float = TOOLS_CHANGED_DELAY_S,
         tools_changed_min_interval_s: float = TOOLS_CHANGED_MIN_INTERVAL_S,
+        destructive_capability: str = "",
     ) -> None:
         self._store = store
+        # Registered as a required capability of every tool its server declares destructive
+        # (annotations.required_capabilities); empty: no gating.
+        self._destructive_capability = destructive_capability
         self._sink = sink
         self._connect_timeout_s = connect_timeout_s
         self._call_timeout_s = call_timeout_s
@@ -485,9 +490,10 @@ class McpBridge:
             return await self._register_names(live, tools)
 
     async def _register_names(self, live: LiveConnection, tools: list[McpTool]) -> InventoryReport:
-        """Register a listing: names, `[MCP: conn]` descriptions, pinned definition hashes.
-        A changed definition is held in `testing` (with hold_changed); tools gone from the
-        server are soft-deleted."""
+        """Register a listing: names, `[MCP: conn]` descriptions, pinned definition hashes,
+        each server tool's title and hints, and the destructive capability gate. A changed
+        definition (annotations included: a tool turning destructive is a change) is held in
+        `testing` (with hold_changed); tools gone from the server are soft-deleted."""
         config = live.config
         tools, skipped = _distinct_named(tools)
         stored = await self._sink.connection_tools(config.created_by)
@@ -512,6 +518,7 @@ class McpBridge:
                 report.skipped.append(f"{convert.clip(tool.name, 100)}: {problem}")
                 continue
             digest = definition_hash(tool)
+            annotations = annotations_of(tool)
             old = by_name.get(name)
             status = "approved"
             if name not in live_rows:
@@ -536,6 +543,10 @@ class McpBridge:
                     definition_hash=digest,
                     # An admin's disable survives reconnects.
                     enabled=old.enabled if old is not None else True,
+                    annotations=annotations,
+                    required_capabilities=required_capabilities(
+                        annotations, self._destructive_capability
+                    ),
                 )
             )
             report.tool_names.append(name)

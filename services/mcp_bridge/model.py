@@ -109,6 +109,31 @@ class McpTool:
 
 
 @dataclass(frozen=True)
+class ToolAnnotations:
+    """A tool's title and behaviour hints as the bridge accepted them from its server
+    (services/mcp_bridge/annotations.py): None is "not declared", which is not False. Hints,
+    not facts: the server says so and nothing checks it."""
+
+    title: str | None = None
+    read_only: bool | None = None
+    destructive: bool | None = None
+    idempotent: bool | None = None
+    open_world: bool | None = None
+
+    def to_json(self) -> dict[str, Any] | None:
+        """What the registry stores (tool_definitions.annotations): the declared fields only,
+        None when there are none."""
+        value: dict[str, Any] = {}
+        if self.title:
+            value["title"] = self.title
+        for key in ("read_only", "destructive", "idempotent", "open_world"):
+            flag = getattr(self, key)
+            if flag is not None:
+                value[key] = flag
+        return value or None
+
+
+@dataclass(frozen=True)
 class StoredTool:
     """A tool row as the registry holds it (what the bridge needs for naming and pinning)."""
 
@@ -134,6 +159,8 @@ class ToolRegistration:
     status: str
     definition_hash: str
     enabled: bool = True
+    annotations: ToolAnnotations | None = None
+    required_capabilities: tuple[str, ...] = ()
 
 
 @dataclass

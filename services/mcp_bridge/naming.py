@@ -81,7 +81,20 @@ def assign_names(
 
 def definition_hash(tool: McpTool) -> str:
     """SHA-256 over what defines a tool's behaviour for the model: name, title, description,
-    input and output schema, annotations (key-sorted JSON)."""
+    input and output schema, annotations (key-sorted JSON; annotations as the SDK's model has
+    them, `{"destructive_hint": true, ...}`, None when the server sent none).
+
+    The pin the bridge compares each listing against (a differing digest holds the tool in
+    `testing` until approved), so a server turning a tool destructive, or no longer read-only,
+    is a change like any other. The formula has counted the title and the annotations since the
+    bridge's first release, and it must not change: every stored pin was computed with it, and
+    a new formula would hold every MCP tool on its next listing. So there is no legacy digest
+    to accept, and none is: accepting a second formula's digest as "unchanged" would let a
+    definition through that the first formula pins. What it hashes is what the bridge kept of
+    the server's title and annotations (annotations.clean_listing), which for a well-formed
+    tool is exactly what the server sent; a tool whose hints were not booleans (the SDK read
+    "yes" as true) or whose title was not printable gets a new digest once after the upgrade
+    that began cleaning them, and is held once: what it registers did change."""
     canonical = json.dumps(
         {
             "name": tool.name,

@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Any
 
+from services.mcp_bridge.annotations import clean_listing
 from services.mcp_bridge.model import redact_url
 from shared.errors import DeadlineExceeded, FailedPrecondition, ToolmeshError, Unavailable
 
@@ -218,7 +219,7 @@ async def open_client(
         errlog = StderrRelay(config.name)
         stack.callback(errlog.close)
         client = mcp.Client(
-            answering(stdio_client(params, errlog=errlog.file)),
+            answering(stdio_client(params, errlog=errlog.file), config.name),
             client_info=_client_info(mcp),
             message_handler=handler,
             logging_callback=server_log_callback(config.name, stack),
@@ -242,7 +243,7 @@ async def open_client(
         )
         await stack.enter_async_context(http)
         client = mcp.Client(
-            answering(streamable_http_client(config.url, http_client=http)),
+            answering(streamable_http_client(config.url, http_client=http), config.name),
             client_info=_client_info(mcp),
             message_handler=handler,
             logging_callback=server_log_callback(config.name, stack),
@@ -391,11 +392,78 @@ def _json_text(data: Any) -> str:
 
 @asynccontextmanager
 async def answering(
-    transport: AbstractAsyncContextManager[tuple[Any, Any]],
+    transport: AbstractAsyncContextManager[tuple[Any, Any]], connection: str = ""
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """`transport` (an SDK transport) with its read stream wrapped in UnreadableAnswers."""
+    """`transport` (an SDK transport) with its read stream wrapped in UnreadableAnswers and
+    both streams in ToolListings' watch."""
     async with transport as (read_stream, write_stream):
-        yield UnreadableAnswers(read_stream), write_stream
+        listings = ToolListings(connection)
+        yield UnreadableAnswers(read_stream, listings), ListingRequests(write_stream, listings)
+
+
+# The most tools/list requests awaiting an answer that ToolListings remembers (an answer that
+# never comes must not grow it for ever).
+MAX_PENDING_LISTINGS = 64
+
+
+class ToolListings:
+    """The session's tools/list requests (their ids, as the write stream sends them) and their
+    answers, which are cleaned before the SDK reads them: a tool's `title` and `annotations` are
+    the server's untrusted word (annotations.clean_listing)."""
+
+    def __init__(self, connection: str) -> None:
+        self._connection = connection
+        self._pending: dict[Any, None] = {}
+
+    def sent(self, item: Any) -> None:
+        message = getattr(item, "message", None)
+        if getattr(message, "method", None) != "tools/list":
+            return
+        request_id = getattr(message, "id", None)
+        if request_id is None:
+            return
+        if len(self._pending) >= MAX_PENDING_LISTINGS:
+            self._pending.pop(next(iter(self._pending)))
+        self._pending[request_id] = None
+
+    def received(self, item: Any) -> Any:
+        message = getattr(item, "message", None)
+        result = getattr(message, "result", None)
+        if isinstance(result, dict) and self._pending:
+            request_id = getattr(message, "id", None)
+            if request_id in self._pending:
+                del self._pending[request_id]
+                clean_listing(result, self._connection)
+        return item
+
+
+class ListingRequests:
+    """A transport's write stream, telling ToolListings of each message the session sends."""
+
+    def __init__(self, inner: Any, listings: ToolListings) -> None:
+        self._inner = inner
+        self._listings = listings
+
+    async def send(self, item: Any) -> None:
+        self._listings.sent(item)
+        await self._inner.send(item)
+
+    def send_nowait(self, item: Any) -> None:
+        self._listings.sent(item)
+        self._inner.send_nowait(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> ListingRequests:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+    def __getattr__(self, name: str) -> Any:  # close(), clone(), ...
+        return getattr(self._inner, name)
 
 
 class UnreadableAnswers:
@@ -408,17 +476,22 @@ class UnreadableAnswers:
     the line and it is an answer (an id, and a result or an error, no method), the answer
     becomes a JSON-RPC parse error for that id. Anything else passes through unchanged."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, listings: ToolListings | None = None) -> None:
         self._inner = inner
+        self._listings = listings
+
+    def _seen(self, item: Any) -> Any:
+        item = _readable(item)
+        return item if self._listings is None else self._listings.received(item)
 
     async def receive(self) -> Any:
-        return _readable(await self._inner.receive())
+        return self._seen(await self._inner.receive())
 
     def __aiter__(self) -> UnreadableAnswers:
         return self
 
     async def __anext__(self) -> Any:
-        return _readable(await self._inner.__anext__())
+        return self._seen(await self._inner.__anext__())
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -71,6 +71,10 @@ class GrpcToolSink:
                         tenant_id=t.tenant_id,
                         created_by=t.created_by,
                         definition_hash=t.definition_hash,
+                        required_capabilities=list(t.required_capabilities),
+                        annotations=convert.annotations_to_pb(
+                            t.annotations.to_json() if t.annotations is not None else None
+                        ),
                     )
                     for t in tools
                 ]

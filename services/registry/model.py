@@ -41,6 +41,9 @@ class ToolDef:
     required_capabilities: list[str] = field(default_factory=list)
     timeout_seconds: float | None = None
     definition_hash: str | None = None
+    # An MCP tool's title and hints ({"title": str, "read_only" | "destructive" | "idempotent"
+    # | "open_world": bool}, what the server declared; shared.convert.annotations_to_pb).
+    annotations: dict[str, Any] | None = None
     id: int = 0
 
     def visible_to(self, tenant_id: str) -> bool:

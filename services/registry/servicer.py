@@ -96,6 +96,7 @@ def tool_to_pb(t: ToolDef) -> pb.ToolDefinition:
         required_capabilities=list(t.required_capabilities),
         timeout_seconds=t.timeout_seconds or 0.0,
         definition_hash=t.definition_hash or "",
+        annotations=convert.annotations_to_pb(t.annotations),
     )
     for field, value in (
         ("deleted_at", t.deleted_at),
@@ -160,6 +161,14 @@ def _definition_size_problems(m: pb.ToolDefinition) -> list[tuple[str, str]]:
             )
     if m.status and m.status not in convert.STATUSES:
         problems.append(("status", f"unknown status {m.status}"))
+    title = m.annotations.title
+    if len(title) > convert.MAX_TOOL_TITLE_CHARS or convert.has_control(title):
+        problems.append(
+            (
+                "annotations.title",
+                f"must be at most {convert.MAX_TOOL_TITLE_CHARS} printable characters",
+            )
+        )
     return problems
 
 
@@ -230,6 +239,7 @@ def tool_from_pb(m: pb.ToolDefinition) -> ToolDef:
         required_capabilities=list(m.required_capabilities),
         timeout_seconds=m.timeout_seconds or None,
         definition_hash=m.definition_hash or None,
+        annotations=convert.annotations_from_pb(m.annotations),
     )
 
 

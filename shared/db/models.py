@@ -72,11 +72,16 @@ class ToolDefinitionRow(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=utcnow, onupdate=utcnow
     )
-    # Beyond the spec's columns: RBAC, per-tool timeout, MCP definition pinning, search index.
+    # Beyond the spec's columns: RBAC, per-tool timeout, MCP definition pinning, search index,
+    # MCP tool annotations.
     required_capabilities: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
     timeout_seconds: Mapped[float | None] = mapped_column(Float)
     definition_hash: Mapped[str | None] = mapped_column(String(64))
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # An MCP tool's title and behaviour hints as the bridge accepted them ({"title": str,
+    # "read_only" | "destructive" | "idempotent" | "open_world": bool}, only what the server
+    # declared); NULL when it declared none.
+    annotations: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_tool_definitions_tenant_type", "tenant_id", "tool_type"),)
 

@@ -306,6 +306,19 @@ def test_mcp_everything_echo_goes_through_the_mesh_and_back_as_one_trace(
     assert not [s for s in spans if s.name == STREAM]
 
 
+def test_a_servers_tool_annotations_reach_the_registry_across_processes(
+    mcp_mesh: Mesh, everything: mpb.ConnectResponse
+) -> None:
+    """server-everything annotates its echo tool (a title; read-only, not destructive)."""
+    echo = mcp_mesh.registry.GetTool(
+        rpb.GetToolRequest(name="mcp_everything_echo"), timeout=30
+    ).tool
+    assert echo.annotations.title
+    assert echo.annotations.HasField("read_only") and echo.annotations.read_only
+    assert echo.annotations.HasField("destructive") and not echo.annotations.destructive
+    assert list(echo.required_capabilities) == []  # TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY unset
+
+
 def test_images_structured_content_and_resources_map_into_the_result(
     mcp_mesh: Mesh, everything: mpb.ConnectResponse
 ) -> None:

@@ -7,7 +7,8 @@ Options:
   --slow-start S      sleep S seconds before serving
   --inventory FILE    JSON list of extra tools ({"name", "description", "inputSchema"}), read at
                       start, each answering "<name> v<version>" where version is the tool's
-                      "version" key (default 1)
+                      "version" key (default 1); any other key ("title", "annotations", …) is
+                      listed exactly as written, well-formed or not
   --marker-dir DIR    write `start-<pid>` at start, `hang-<request id>` when a hang begins and
                       `cancelled-<request id>` when it is cancelled, so tests can count starts
                       and observe cancellation

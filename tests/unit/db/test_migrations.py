@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Engine, Integer, MetaData, inspect, text
 
-from shared.db.engine import alembic_config, make_engine, upgrade
+from shared.db.engine import alembic_config, make_engine, session_factory, upgrade
 from shared.db.models import Base
 from shared.errors import FailedPrecondition
 
@@ -104,3 +104,35 @@ def test_a_database_url_that_cannot_be_opened_is_refused_by_name(
         assert caught.value.reason == "DATABASE_URL_INVALID"
         assert f"TOOLMESH_DATABASE_URL {shown} cannot be opened: {why}" in caught.value.message
         assert "secret" not in caught.value.message
+
+
+def test_tool_annotations_are_added_empty_to_existing_tools_and_removed_on_downgrade(
+    engine: Engine, database_url: str
+) -> None:
+    """0009: a tool stored before it keeps its row (and its pinned hash), with NULL annotations
+    that the MCP bridge fills in on its next listing."""
+    from alembic import command
+
+    from services.registry.repository import SqlToolRepository
+
+    config = alembic_config(database_url)
+    command.downgrade(config, "0008")
+    assert "annotations" not in {c["name"] for c in inspect(engine).get_columns("tool_definitions")}
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tool_definitions (name, description, input_schema, implementation,"
+                " tool_type, status, enabled, category, large_output, dependencies, version,"
+                " tenant_id, created_by, required_capabilities, definition_hash, created_at,"
+                " updated_at) VALUES ('mcp_old_t', 'd', '{}', 'mcp:old:t', 'mcp', 'approved',"
+                " true, 'mcp', false, '[]', 1, '*', 'mcp:old', '[]', :digest,"
+                " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+            ),
+            {"digest": "a" * 64},
+        )
+
+    command.upgrade(config, "head")
+
+    old = SqlToolRepository(session_factory(engine)).get("mcp_old_t")
+    assert old is not None and old.annotations is None and old.definition_hash == "a" * 64
+    assert current_revision(engine) == head_revision(database_url)

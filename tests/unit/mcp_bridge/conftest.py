@@ -63,6 +63,8 @@ class RepositorySink:
                 created_by=t.created_by,
                 definition_hash=t.definition_hash,
                 enabled=t.enabled,
+                annotations=t.annotations.to_json() if t.annotations is not None else None,
+                required_capabilities=list(t.required_capabilities),
             )
             for t in tools
         ]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.registry.schema_check import schema_problem
-from services.registry.servicer import tool_from_pb
+from services.registry.servicer import tool_from_pb, tool_to_pb
 from shared import convert
 from shared.errors import InvalidArgument
 from toolmesh.type.v1 import types_pb2 as pb
@@ -88,6 +88,11 @@ def test_an_mcp_servers_schema_is_taken_as_it_is() -> None:
         ({"test_results_json": "{broken"}, "test_results_json"),  # was INTERNAL
         ({"test_results_json": '{"n": NaN}'}, "test_results_json"),
         ({"test_results_json": "[1, 2]"}, "test_results_json"),
+        (
+            {"annotations": pb.ToolAnnotations(title="t" * (convert.MAX_TOOL_TITLE_CHARS + 1))},
+            "annotations.title",
+        ),
+        ({"annotations": pb.ToolAnnotations(title="two\nlines")}, "annotations.title"),
     ],
 )
 def test_unusable_fields_are_refused_naming_the_field(changes: dict[str, Any], field: str) -> None:
@@ -104,3 +109,15 @@ def test_a_definition_within_the_limits_is_kept_whole() -> None:
     )
     assert len(tool.description) == convert.MAX_TOOL_DESCRIPTION_CHARS
     assert tool.timeout_seconds == 86_400.0 and tool.test_results == {"passed": 3}
+
+
+def test_annotations_round_trip_with_unset_hints_staying_unset() -> None:
+    """An undeclared hint is not a false one: MCP reads an absent destructiveHint as true."""
+    sent = pb.ToolAnnotations(title="Purge", destructive=True, read_only=False)
+    tool = tool_from_pb(definition(tool_type=pb.TOOL_TYPE_MCP, annotations=sent))
+    assert tool.annotations == {"title": "Purge", "destructive": True, "read_only": False}
+    returned = tool_to_pb(tool).annotations
+    assert returned == sent
+    assert not returned.HasField("idempotent") and not returned.HasField("open_world")
+    assert tool_from_pb(definition(annotations=pb.ToolAnnotations())).annotations is None
+    assert not tool_to_pb(tool_from_pb(definition())).HasField("annotations")

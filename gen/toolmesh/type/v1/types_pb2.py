@@ -26,51 +26,53 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/type/v1/types.proto\x12\x10toolmesh.type.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x05\n\x0eToolDefinition\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12\x16\n\x0eimplementation\x18\x05 \x01(\t\x12\x14\n\x0chandler_path\x18\x06 \x01(\t\x12-\n\ttool_type\x18\x07 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12,\n\x06status\x18\x08 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0f\n\x07\x65nabled\x18\t \x01(\x08\x12\x10\n\x08\x63\x61tegory\x18\n \x01(\t\x12\x0e\n\x06\x64omain\x18\x0b \x01(\t\x12$\n\x1creplaced_by_model_capability\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x14\n\x0clarge_output\x18\x0e \x01(\x08\x12\x13\n\x0bparent_tool\x18\x0f \x01(\t\x12\x14\n\x0c\x64\x65pendencies\x18\x10 \x03(\t\x12\x0f\n\x07version\x18\x11 \x01(\x05\x12\x11\n\ttenant_id\x18\x12 \x01(\t\x12\x12\n\ncreated_by\x18\x13 \x01(\t\x12\x18\n\x10rejection_reason\x18\x14 \x01(\t\x12\x19\n\x11test_results_json\x18\x15 \x01(\t\x12.\n\ndeleted_at\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15required_capabilities\x18\x19 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x1a \x01(\x01\x12\x17\n\x0f\x64\x65\x66inition_hash\x18\x1b \x01(\t\"\xc3\x02\n\x0b\x43\x61llContext\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.toolmesh.type.v1.Mode\x12\x13\n\x0btool_use_id\x18\x07 \x01(\t\x12\x11\n\treasoning\x18\x08 \x01(\t\x12(\n\x06\x62udget\x18\t \x01(\x0b\x32\x18.toolmesh.type.v1.Budget\x12\x14\n\x0cuser_message\x18\n \x01(\t\x12\x12\n\ndataset_id\x18\x0b \x01(\t\x12\x1a\n\x12parent_tool_use_id\x18\x0c \x01(\t\x12\r\n\x05\x64\x65pth\x18\r \x01(\x05\".\n\x06\x42udget\x12\x11\n\tlimit_usd\x18\x01 \x01(\x01\x12\x11\n\tspent_usd\x18\x02 \x01(\x01\"7\n\x07ToolUse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\"g\n\x07\x44\x61taset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12-\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x1c.toolmesh.type.v1.ColumnSpec\"\x90\x01\n\x06\x45xport\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x13\n\x0bsource_tool\x18\x05 \x01(\t\x12\x19\n\x11original_filename\x18\x06 \x01(\t\x12\x0f\n\x07\x66ile_id\x18\x07 \x01(\t\"\xbe\x01\n\nColumnSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x17\n\nnull_count\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0e\x64istinct_count\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12;\n\x10\x64type_provenance\x18\x05 \x01(\x0e\x32!.toolmesh.type.v1.DtypeProvenanceB\r\n\x0b_null_countB\x11\n\x0f_distinct_count\"R\n\x07Warning\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9b\x01\n\x07\x45\x66\x66\x65\x63ts\x12&\n\x05\x63\x61rds\x18\x01 \x03(\x0b\x32\x17.google.protobuf.Struct\x12+\n\x08\x64\x61tasets\x18\x02 \x03(\x0b\x32\x19.toolmesh.type.v1.Dataset\x12)\n\x07\x65xports\x18\x03 \x03(\x0b\x32\x18.toolmesh.type.v1.Export\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\x01\"\xd6\x01\n\x02Ok\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12,\n\x06schema\x18\x02 \x03(\x0b\x32\x1c.toolmesh.type.v1.ColumnSpec\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12+\n\x08warnings\x18\x04 \x03(\x0b\x32\x19.toolmesh.type.v1.Warning\x12*\n\x07\x65\x66\x66\x65\x63ts\x18\x05 \x01(\x0b\x32\x19.toolmesh.type.v1.Effects\x12(\n\x05table\x18\x06 \x01(\x0b\x32\x19.toolmesh.type.v1.Dataset\"U\n\x0b\x41lternative\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"{\n\x04Hint\x12-\n\thint_kind\x18\x01 \x01(\x0e\x32\x1a.toolmesh.type.v1.HintKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x33\n\x0c\x61lternatives\x18\x03 \x03(\x0b\x32\x1d.toolmesh.type.v1.Alternative\"(\n\x03\x45rr\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x10\n\x08\x65rr_kind\x18\x02 \x01(\t\"\x84\x01\n\x08\x45nvelope\x12\"\n\x02ok\x18\x01 \x01(\x0b\x32\x14.toolmesh.type.v1.OkH\x00\x12&\n\x04hint\x18\x02 \x01(\x0b\x32\x16.toolmesh.type.v1.HintH\x00\x12$\n\x03\x65rr\x18\x03 \x01(\x0b\x32\x15.toolmesh.type.v1.ErrH\x00\x42\x06\n\x04kind\"\xec\x01\n\nToolResult\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12&\n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x63ost_usd\x18\x03 \x01(\x01\x12+\n\x08\x64\x61tasets\x18\x04 \x03(\x0b\x32\x19.toolmesh.type.v1.Dataset\x12)\n\x07\x65xports\x18\x05 \x03(\x0b\x32\x18.toolmesh.type.v1.Export\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12,\n\x08\x65nvelope\x18\x07 \x01(\x0b\x32\x1a.toolmesh.type.v1.Envelope*d\n\x08ToolType\x12\x19\n\x15TOOL_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_TYPE_SYSTEM\x10\x01\x12\x14\n\x10TOOL_TYPE_CUSTOM\x10\x02\x12\x11\n\rTOOL_TYPE_MCP\x10\x03*\x8d\x01\n\nToolStatus\x12\x1b\n\x17TOOL_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11TOOL_STATUS_DRAFT\x10\x01\x12\x17\n\x13TOOL_STATUS_TESTING\x10\x02\x12\x18\n\x14TOOL_STATUS_APPROVED\x10\x03\x12\x18\n\x14TOOL_STATUS_REJECTED\x10\x04*P\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_CHAT\x10\x01\x12\x10\n\x0cMODE_AGENTIC\x10\x02\x12\x11\n\rMODE_DELEGATE\x10\x03*q\n\x0f\x44typeProvenance\x12 \n\x1c\x44TYPE_PROVENANCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44TYPE_PROVENANCE_MEASURED\x10\x01\x12\x1d\n\x19\x44TYPE_PROVENANCE_INFERRED\x10\x02*i\n\x08HintKind\x12\x19\n\x15HINT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10HINT_KIND_SCHEMA\x10\x01\x12\x13\n\x0fHINT_KIND_FETCH\x10\x02\x12\x17\n\x13HINT_KIND_AMBIGUOUS\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ctoolmesh/type/v1/types.proto\x12\x10toolmesh.type.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x06\n\x0eToolDefinition\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12\x16\n\x0eimplementation\x18\x05 \x01(\t\x12\x14\n\x0chandler_path\x18\x06 \x01(\t\x12-\n\ttool_type\x18\x07 \x01(\x0e\x32\x1a.toolmesh.type.v1.ToolType\x12,\n\x06status\x18\x08 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0f\n\x07\x65nabled\x18\t \x01(\x08\x12\x10\n\x08\x63\x61tegory\x18\n \x01(\t\x12\x0e\n\x06\x64omain\x18\x0b \x01(\t\x12$\n\x1creplaced_by_model_capability\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x14\n\x0clarge_output\x18\x0e \x01(\x08\x12\x13\n\x0bparent_tool\x18\x0f \x01(\t\x12\x14\n\x0c\x64\x65pendencies\x18\x10 \x03(\t\x12\x0f\n\x07version\x18\x11 \x01(\x05\x12\x11\n\ttenant_id\x18\x12 \x01(\t\x12\x12\n\ncreated_by\x18\x13 \x01(\t\x12\x18\n\x10rejection_reason\x18\x14 \x01(\t\x12\x19\n\x11test_results_json\x18\x15 \x01(\t\x12.\n\ndeleted_at\x18\x16 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\ncreated_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15required_capabilities\x18\x19 \x03(\t\x12\x17\n\x0ftimeout_seconds\x18\x1a \x01(\x01\x12\x17\n\x0f\x64\x65\x66inition_hash\x18\x1b \x01(\t\x12\x36\n\x0b\x61nnotations\x18\x1c \x01(\x0b\x32!.toolmesh.type.v1.ToolAnnotations\"\xc0\x01\n\x0fToolAnnotations\x12\r\n\x05title\x18\x01 \x01(\t\x12\x16\n\tread_only\x18\x02 \x01(\x08H\x00\x88\x01\x01\x12\x18\n\x0b\x64\x65structive\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x17\n\nidempotent\x18\x04 \x01(\x08H\x02\x88\x01\x01\x12\x17\n\nopen_world\x18\x05 \x01(\x08H\x03\x88\x01\x01\x42\x0c\n\n_read_onlyB\x0e\n\x0c_destructiveB\r\n\x0b_idempotentB\r\n\x0b_open_world\"\xc3\x02\n\x0b\x43\x61llContext\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x03 \x01(\t\x12\x14\n\x0cnamespace_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x05 \x03(\t\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.toolmesh.type.v1.Mode\x12\x13\n\x0btool_use_id\x18\x07 \x01(\t\x12\x11\n\treasoning\x18\x08 \x01(\t\x12(\n\x06\x62udget\x18\t \x01(\x0b\x32\x18.toolmesh.type.v1.Budget\x12\x14\n\x0cuser_message\x18\n \x01(\t\x12\x12\n\ndataset_id\x18\x0b \x01(\t\x12\x1a\n\x12parent_tool_use_id\x18\x0c \x01(\t\x12\r\n\x05\x64\x65pth\x18\r \x01(\x05\".\n\x06\x42udget\x12\x11\n\tlimit_usd\x18\x01 \x01(\x01\x12\x11\n\tspent_usd\x18\x02 \x01(\x01\"7\n\x07ToolUse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\"g\n\x07\x44\x61taset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tarrow_ipc\x18\x02 \x01(\x0c\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12-\n\x07\x63olumns\x18\x04 \x03(\x0b\x32\x1c.toolmesh.type.v1.ColumnSpec\"\x90\x01\n\x06\x45xport\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x13\n\x0bsource_tool\x18\x05 \x01(\t\x12\x19\n\x11original_filename\x18\x06 \x01(\t\x12\x0f\n\x07\x66ile_id\x18\x07 \x01(\t\"\xbe\x01\n\nColumnSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x17\n\nnull_count\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0e\x64istinct_count\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12;\n\x10\x64type_provenance\x18\x05 \x01(\x0e\x32!.toolmesh.type.v1.DtypeProvenanceB\r\n\x0b_null_countB\x11\n\x0f_distinct_count\"R\n\x07Warning\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9b\x01\n\x07\x45\x66\x66\x65\x63ts\x12&\n\x05\x63\x61rds\x18\x01 \x03(\x0b\x32\x17.google.protobuf.Struct\x12+\n\x08\x64\x61tasets\x18\x02 \x03(\x0b\x32\x19.toolmesh.type.v1.Dataset\x12)\n\x07\x65xports\x18\x03 \x03(\x0b\x32\x18.toolmesh.type.v1.Export\x12\x10\n\x08\x63ost_usd\x18\x04 \x01(\x01\"\xd6\x01\n\x02Ok\x12\x0c\n\x04rows\x18\x01 \x01(\x03\x12,\n\x06schema\x18\x02 \x03(\x0b\x32\x1c.toolmesh.type.v1.ColumnSpec\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12+\n\x08warnings\x18\x04 \x03(\x0b\x32\x19.toolmesh.type.v1.Warning\x12*\n\x07\x65\x66\x66\x65\x63ts\x18\x05 \x01(\x0b\x32\x19.toolmesh.type.v1.Effects\x12(\n\x05table\x18\x06 \x01(\x0b\x32\x19.toolmesh.type.v1.Dataset\"U\n\x0b\x41lternative\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12(\n\x07\x64\x65tails\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"{\n\x04Hint\x12-\n\thint_kind\x18\x01 \x01(\x0e\x32\x1a.toolmesh.type.v1.HintKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x33\n\x0c\x61lternatives\x18\x03 \x03(\x0b\x32\x1d.toolmesh.type.v1.Alternative\"(\n\x03\x45rr\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x10\n\x08\x65rr_kind\x18\x02 \x01(\t\"\x84\x01\n\x08\x45nvelope\x12\"\n\x02ok\x18\x01 \x01(\x0b\x32\x14.toolmesh.type.v1.OkH\x00\x12&\n\x04hint\x18\x02 \x01(\x0b\x32\x16.toolmesh.type.v1.HintH\x00\x12$\n\x03\x65rr\x18\x03 \x01(\x0b\x32\x15.toolmesh.type.v1.ErrH\x00\x42\x06\n\x04kind\"\xec\x01\n\nToolResult\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\t\x12&\n\x05\x63\x61rds\x18\x02 \x03(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x63ost_usd\x18\x03 \x01(\x01\x12+\n\x08\x64\x61tasets\x18\x04 \x03(\x0b\x32\x19.toolmesh.type.v1.Dataset\x12)\n\x07\x65xports\x18\x05 \x03(\x0b\x32\x18.toolmesh.type.v1.Export\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12,\n\x08\x65nvelope\x18\x07 \x01(\x0b\x32\x1a.toolmesh.type.v1.Envelope*d\n\x08ToolType\x12\x19\n\x15TOOL_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_TYPE_SYSTEM\x10\x01\x12\x14\n\x10TOOL_TYPE_CUSTOM\x10\x02\x12\x11\n\rTOOL_TYPE_MCP\x10\x03*\x8d\x01\n\nToolStatus\x12\x1b\n\x17TOOL_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11TOOL_STATUS_DRAFT\x10\x01\x12\x17\n\x13TOOL_STATUS_TESTING\x10\x02\x12\x18\n\x14TOOL_STATUS_APPROVED\x10\x03\x12\x18\n\x14TOOL_STATUS_REJECTED\x10\x04*P\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_CHAT\x10\x01\x12\x10\n\x0cMODE_AGENTIC\x10\x02\x12\x11\n\rMODE_DELEGATE\x10\x03*q\n\x0f\x44typeProvenance\x12 \n\x1c\x44TYPE_PROVENANCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44TYPE_PROVENANCE_MEASURED\x10\x01\x12\x1d\n\x19\x44TYPE_PROVENANCE_INFERRED\x10\x02*i\n\x08HintKind\x12\x19\n\x15HINT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10HINT_KIND_SCHEMA\x10\x01\x12\x13\n\x0fHINT_KIND_FETCH\x10\x02\x12\x17\n\x13HINT_KIND_AMBIGUOUS\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.type.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLTYPE']._serialized_start=2820
-  _globals['_TOOLTYPE']._serialized_end=2920
-  _globals['_TOOLSTATUS']._serialized_start=2923
-  _globals['_TOOLSTATUS']._serialized_end=3064
-  _globals['_MODE']._serialized_start=3066
-  _globals['_MODE']._serialized_end=3146
-  _globals['_DTYPEPROVENANCE']._serialized_start=3148
-  _globals['_DTYPEPROVENANCE']._serialized_end=3261
-  _globals['_HINTKIND']._serialized_start=3263
-  _globals['_HINTKIND']._serialized_end=3368
+  _globals['_TOOLTYPE']._serialized_start=3071
+  _globals['_TOOLTYPE']._serialized_end=3171
+  _globals['_TOOLSTATUS']._serialized_start=3174
+  _globals['_TOOLSTATUS']._serialized_end=3315
+  _globals['_MODE']._serialized_start=3317
+  _globals['_MODE']._serialized_end=3397
+  _globals['_DTYPEPROVENANCE']._serialized_start=3399
+  _globals['_DTYPEPROVENANCE']._serialized_end=3512
+  _globals['_HINTKIND']._serialized_start=3514
+  _globals['_HINTKIND']._serialized_end=3619
   _globals['_TOOLDEFINITION']._serialized_start=114
-  _globals['_TOOLDEFINITION']._serialized_end=855
-  _globals['_CALLCONTEXT']._serialized_start=858
-  _globals['_CALLCONTEXT']._serialized_end=1181
-  _globals['_BUDGET']._serialized_start=1183
-  _globals['_BUDGET']._serialized_end=1229
-  _globals['_TOOLUSE']._serialized_start=1231
-  _globals['_TOOLUSE']._serialized_end=1286
-  _globals['_DATASET']._serialized_start=1288
-  _globals['_DATASET']._serialized_end=1391
-  _globals['_EXPORT']._serialized_start=1394
-  _globals['_EXPORT']._serialized_end=1538
-  _globals['_COLUMNSPEC']._serialized_start=1541
-  _globals['_COLUMNSPEC']._serialized_end=1731
-  _globals['_WARNING']._serialized_start=1733
-  _globals['_WARNING']._serialized_end=1815
-  _globals['_EFFECTS']._serialized_start=1818
-  _globals['_EFFECTS']._serialized_end=1973
-  _globals['_OK']._serialized_start=1976
-  _globals['_OK']._serialized_end=2190
-  _globals['_ALTERNATIVE']._serialized_start=2192
-  _globals['_ALTERNATIVE']._serialized_end=2277
-  _globals['_HINT']._serialized_start=2279
-  _globals['_HINT']._serialized_end=2402
-  _globals['_ERR']._serialized_start=2404
-  _globals['_ERR']._serialized_end=2444
-  _globals['_ENVELOPE']._serialized_start=2447
-  _globals['_ENVELOPE']._serialized_end=2579
-  _globals['_TOOLRESULT']._serialized_start=2582
-  _globals['_TOOLRESULT']._serialized_end=2818
+  _globals['_TOOLDEFINITION']._serialized_end=911
+  _globals['_TOOLANNOTATIONS']._serialized_start=914
+  _globals['_TOOLANNOTATIONS']._serialized_end=1106
+  _globals['_CALLCONTEXT']._serialized_start=1109
+  _globals['_CALLCONTEXT']._serialized_end=1432
+  _globals['_BUDGET']._serialized_start=1434
+  _globals['_BUDGET']._serialized_end=1480
+  _globals['_TOOLUSE']._serialized_start=1482
+  _globals['_TOOLUSE']._serialized_end=1537
+  _globals['_DATASET']._serialized_start=1539
+  _globals['_DATASET']._serialized_end=1642
+  _globals['_EXPORT']._serialized_start=1645
+  _globals['_EXPORT']._serialized_end=1789
+  _globals['_COLUMNSPEC']._serialized_start=1792
+  _globals['_COLUMNSPEC']._serialized_end=1982
+  _globals['_WARNING']._serialized_start=1984
+  _globals['_WARNING']._serialized_end=2066
+  _globals['_EFFECTS']._serialized_start=2069
+  _globals['_EFFECTS']._serialized_end=2224
+  _globals['_OK']._serialized_start=2227
+  _globals['_OK']._serialized_end=2441
+  _globals['_ALTERNATIVE']._serialized_start=2443
+  _globals['_ALTERNATIVE']._serialized_end=2528
+  _globals['_HINT']._serialized_start=2530
+  _globals['_HINT']._serialized_end=2653
+  _globals['_ERR']._serialized_start=2655
+  _globals['_ERR']._serialized_end=2695
+  _globals['_ENVELOPE']._serialized_start=2698
+  _globals['_ENVELOPE']._serialized_end=2830
+  _globals['_TOOLRESULT']._serialized_start=2833
+  _globals['_TOOLRESULT']._serialized_end=3069
 # @@protoc_insertion_point(module_scope)

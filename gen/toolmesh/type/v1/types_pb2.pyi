@@ -67,7 +67,7 @@ HINT_KIND_FETCH: HintKind
 HINT_KIND_AMBIGUOUS: HintKind
 
 class ToolDefinition(_message.Message):
-    __slots__ = ("id", "name", "description", "input_schema_json", "implementation", "handler_path", "tool_type", "status", "enabled", "category", "domain", "replaced_by_model_capability", "status_message", "large_output", "parent_tool", "dependencies", "version", "tenant_id", "created_by", "rejection_reason", "test_results_json", "deleted_at", "created_at", "updated_at", "required_capabilities", "timeout_seconds", "definition_hash")
+    __slots__ = ("id", "name", "description", "input_schema_json", "implementation", "handler_path", "tool_type", "status", "enabled", "category", "domain", "replaced_by_model_capability", "status_message", "large_output", "parent_tool", "dependencies", "version", "tenant_id", "created_by", "rejection_reason", "test_results_json", "deleted_at", "created_at", "updated_at", "required_capabilities", "timeout_seconds", "definition_hash", "annotations")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class ToolDefinition(_message.Message):
     REQUIRED_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DEFINITION_HASH_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     description: str
@@ -122,7 +123,22 @@ class ToolDefinition(_message.Message):
     required_capabilities: _containers.RepeatedScalarFieldContainer[str]
     timeout_seconds: float
     definition_hash: str
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., implementation: _Optional[str] = ..., handler_path: _Optional[str] = ..., tool_type: _Optional[_Union[ToolType, str]] = ..., status: _Optional[_Union[ToolStatus, str]] = ..., enabled: _Optional[bool] = ..., category: _Optional[str] = ..., domain: _Optional[str] = ..., replaced_by_model_capability: _Optional[str] = ..., status_message: _Optional[str] = ..., large_output: _Optional[bool] = ..., parent_tool: _Optional[str] = ..., dependencies: _Optional[_Iterable[str]] = ..., version: _Optional[int] = ..., tenant_id: _Optional[str] = ..., created_by: _Optional[str] = ..., rejection_reason: _Optional[str] = ..., test_results_json: _Optional[str] = ..., deleted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ..., definition_hash: _Optional[str] = ...) -> None: ...
+    annotations: ToolAnnotations
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., implementation: _Optional[str] = ..., handler_path: _Optional[str] = ..., tool_type: _Optional[_Union[ToolType, str]] = ..., status: _Optional[_Union[ToolStatus, str]] = ..., enabled: _Optional[bool] = ..., category: _Optional[str] = ..., domain: _Optional[str] = ..., replaced_by_model_capability: _Optional[str] = ..., status_message: _Optional[str] = ..., large_output: _Optional[bool] = ..., parent_tool: _Optional[str] = ..., dependencies: _Optional[_Iterable[str]] = ..., version: _Optional[int] = ..., tenant_id: _Optional[str] = ..., created_by: _Optional[str] = ..., rejection_reason: _Optional[str] = ..., test_results_json: _Optional[str] = ..., deleted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., required_capabilities: _Optional[_Iterable[str]] = ..., timeout_seconds: _Optional[float] = ..., definition_hash: _Optional[str] = ..., annotations: _Optional[_Union[ToolAnnotations, _Mapping]] = ...) -> None: ...
+
+class ToolAnnotations(_message.Message):
+    __slots__ = ("title", "read_only", "destructive", "idempotent", "open_world")
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DESTRUCTIVE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    OPEN_WORLD_FIELD_NUMBER: _ClassVar[int]
+    title: str
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+    open_world: bool
+    def __init__(self, title: _Optional[str] = ..., read_only: _Optional[bool] = ..., destructive: _Optional[bool] = ..., idempotent: _Optional[bool] = ..., open_world: _Optional[bool] = ...) -> None: ...
 
 class CallContext(_message.Message):
     __slots__ = ("tenant_id", "user_id", "conversation_id", "namespace_id", "capabilities", "mode", "tool_use_id", "reasoning", "budget", "user_message", "dataset_id", "parent_tool_use_id", "depth")
