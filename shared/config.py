@@ -174,6 +174,10 @@ class Settings:
                         streams between services (MuxSettings).
     disabled_flags      TOOLMESH_DISABLED_FLAGS (comma-separated feature flags turned off).
     grace_s             TOOLMESH_SHUTDOWN_GRACE_S, default 5 — graceful shutdown window.
+    max_in_flight       TOOLMESH_MAX_IN_FLIGHT, default 4096 (0: no limit) — calls a service
+                        runs at once (health and reflection aside); past it a new call is
+                        answered RESOURCE_EXHAUSTED, reason OVERLOADED, at once, instead of
+                        queueing without bound.
     max_depth           TOOLMESH_MAX_CALL_DEPTH, default 8 — tool-composition nesting limit.
     handler_threads     TOOLMESH_HANDLER_THREADS, default 16 (1..1024) — worker threads the
                         registry runs sync tool handlers on, per nesting depth (a composing
@@ -264,6 +268,7 @@ class Settings:
     mux: MuxSettings = field(default_factory=MuxSettings)
     disabled_flags: frozenset[str] = frozenset()
     grace_s: float = 5.0
+    max_in_flight: int = 4096
     max_depth: int = 8
     handler_threads: int = 16
     sandbox_pool_size: int = 2
@@ -348,6 +353,7 @@ class Settings:
             mux=MuxSettings.from_env(env),
             disabled_flags=flags,
             grace_s=_float(env, "TOOLMESH_SHUTDOWN_GRACE_S", 5.0),
+            max_in_flight=_bounded_int(env, "TOOLMESH_MAX_IN_FLIGHT", 4096, 0, 1 << 20),
             max_depth=_int(env, "TOOLMESH_MAX_CALL_DEPTH", 8),
             handler_threads=_bounded_int(env, "TOOLMESH_HANDLER_THREADS", 16, 1, 1024),
             sandbox_pool_size=_int(env, "TOOLMESH_SANDBOX_POOL_SIZE", 2),

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared import reflection
 from shared.auth import ApiKeys
-from shared.errors import Internal, InvalidArgument, ToolmeshError, Unavailable
+from shared.errors import Internal, InvalidArgument, ResourceExhausted, ToolmeshError, Unavailable
 from shared.mux import MuxServicer
 from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
@@ -105,9 +105,15 @@ class HandlerWrapper:
     RPC to find the handler, measured at 0.1-0.17 ms of server CPU per call, on every hop."""
 
     def __init__(
-        self, tracing: bool, *, trust_baggage: bool = True, auth: MeshAuth | None = None
+        self,
+        tracing: bool,
+        *,
+        trust_baggage: bool = True,
+        auth: MeshAuth | None = None,
+        max_in_flight: int = 0,
     ) -> None:
         self._tracing = tracing
+        self._max_in_flight = max_in_flight  # 0: no limit
         self._trust_baggage = trust_baggage
         self._auth = auth
         # method -> (the service's handler, its wrapped handler): one wrapper per method, shared
@@ -139,6 +145,15 @@ class HandlerWrapper:
             raise Unavailable(
                 "the service is shutting down; retry on another replica",
                 reason="SHUTTING_DOWN",
+            )
+        if self._max_in_flight and self._inflight >= self._max_in_flight:
+            # Shed at once rather than queue without bound: a retry with backoff, here or on
+            # another replica, finds room.
+            raise ResourceExhausted(
+                f"the service is running its limit of {self._max_in_flight} calls at once "
+                "(TOOLMESH_MAX_IN_FLIGHT); retry with backoff",
+                reason="OVERLOADED",
+                metadata={"max_in_flight": str(self._max_in_flight)},
             )
         self._inflight += 1
 
@@ -480,12 +495,14 @@ async def create_server(
     trust_baggage: bool = True,
     auth: MeshAuth | None = None,
     min_ping_interval_s: float = MIN_PING_INTERVAL_S,
+    max_in_flight: int = 0,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start a server with health, reflection and the handler wrapper. Returns the bound
     port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
     trust_baggage=False: W3C baggage from its callers is dropped, never propagated. With `auth`,
     every RPC but health and reflection is checked against the API keys. Keepalive: see
-    keepalive_options."""
+    keepalive_options. With `max_in_flight`, a call past that many running at once is answered
+    RESOURCE_EXHAUSTED (reason OVERLOADED) without running."""
     bindings = list(bindings)
     server = grpc.aio.server(
         options=[
@@ -495,7 +512,9 @@ async def create_server(
             *keepalive_options(min_ping_interval_s),
         ],
     )
-    wrapper = HandlerWrapper(tracing, trust_baggage=trust_baggage, auth=auth)
+    wrapper = HandlerWrapper(
+        tracing, trust_baggage=trust_baggage, auth=auth, max_in_flight=max_in_flight
+    )
     _WRAPPER_OF[server] = wrapper
     registrar: Any = Registrar(server, wrapper)
     for binding in bindings:

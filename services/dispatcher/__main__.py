@@ -67,6 +67,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        max_in_flight=settings.max_in_flight,
         trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
     )
     freeze_startup_heap()

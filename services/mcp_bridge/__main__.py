@@ -64,6 +64,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        max_in_flight=settings.max_in_flight,
         # Connections run commands and reach URLs: only the mesh's own (admin) keys.
         auth=mesh_auth(settings.api_keys_file, admin_methods=("*",)),
     )

@@ -95,6 +95,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        max_in_flight=settings.max_in_flight,
         auth=mesh_auth(
             settings.api_keys_file,
             admin_methods=("SeedSystemTools", "UpsertTools", "DeleteTools", "SetToolStatus"),

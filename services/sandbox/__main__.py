@@ -88,6 +88,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        max_in_flight=settings.max_in_flight,
         auth=auth,
     )
     workers.start()

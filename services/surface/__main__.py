@@ -73,6 +73,7 @@ async def serve(settings: Settings, port: int) -> None:
         host=settings.host,
         port=port,
         tracing=settings.tracing,
+        max_in_flight=settings.max_in_flight,
         auth=mesh_auth(settings.api_keys_file, admin_methods=("DeriveTier0", "UpsertModelConfig")),
     )
     rederive = asyncio.ensure_future(
