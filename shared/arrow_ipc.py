@@ -1,14 +1,18 @@
 """DataFrames on the wire and at rest: Arrow IPC streams (zstd-compressed), never pickle. Frames
 are normalised first (a named index becomes columns, column names unique strings, mixed-type
-object columns stored as strings) so any DataFrame a handler produces can be stored and sent."""
+object columns stored as strings) so any DataFrame a handler produces can be stored and sent.
+Lists of integers with nulls among them are read back as Python lists (`[1, None, 3]`), not the
+float arrays pandas makes of them (`[1.0, nan, 3.0]`), so they are stored as integers again."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 logger = logging.getLogger(__name__)
@@ -86,9 +90,66 @@ def dataframe_to_arrow(df: pd.DataFrame) -> pa.Table:
     return storable(df)[1]
 
 
+def _is_list(data_type: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(data_type)
+        or pa.types.is_large_list(data_type)
+        or pa.types.is_fixed_size_list(data_type)
+        or pa.types.is_list_view(data_type)
+        or pa.types.is_large_list_view(data_type)
+    )
+
+
+def _integer_lists(data_type: pa.DataType) -> bool:
+    """Whether `data_type` is a list (of lists, …) of integers that fit in int64, the type
+    Arrow gives the Python ints of such lists when they are stored again."""
+    while _is_list(data_type):
+        data_type = data_type.value_type
+        if pa.types.is_integer(data_type):
+            return not pa.types.is_uint64(data_type)
+    return False
+
+
+def _null_integers_inside(column: pa.ChunkedArray) -> bool:
+    """Whether a list (of lists, …) column holds null integers among others: pandas turns the
+    integer arrays it makes of such lists into floats, with NaN for the nulls. (When every
+    integer is null there is none to keep, nor a type to infer from them again.)"""
+    values: pa.Array | pa.ChunkedArray = column
+    while _is_list(values.type):
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+        if pa.types.is_list_view(values.type) or pa.types.is_large_list_view(values.type):
+            values = values.cast(pa.large_list(values.type.value_type))
+        values = pc.list_flatten(values)
+    return 0 < values.null_count < len(values)
+
+
+def integer_lists_as_lists(table: pa.Table, df: pd.DataFrame) -> pd.DataFrame:
+    """`df` (converted from `table`) with each column of lists of integers that has nulls among
+    the integers as Python lists of ints and None: pandas makes float arrays of them
+    (`[1.0, nan, 3.0]`), which would be stored back as lists of doubles. Other columns, and
+    integer lists without nulls (integer arrays already), are left as they are; so are lists
+    of uint64, whose values past int64 Arrow could not store again from Python ints."""
+    positions: dict[str, list[int]] = {}
+    for position, name in enumerate(df.columns):
+        positions.setdefault(str(name), []).append(position)
+    for field, column in zip(table.schema, table.columns, strict=True):
+        found = positions.get(field.name, [])
+        if len(found) != 1 or not _integer_lists(field.type):
+            continue
+        if not _null_integers_inside(column):
+            continue
+        values = np.empty(len(column), dtype=object)
+        for i, value in enumerate(column.to_pylist()):
+            values[i] = value  # one by one: numpy would make a 2-D array of equal lists
+        df.isetitem(found[0], values)
+    return df
+
+
 def arrow_to_dataframe(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table as a DataFrame (dtypes restored from pandas metadata when present)."""
-    return table.to_pandas()
+    """An Arrow table as a DataFrame (dtypes restored from pandas metadata when present; lists
+    of integers with nulls as Python lists, see integer_lists_as_lists)."""
+    return integer_lists_as_lists(table, table.to_pandas())
 
 
 def table_to_ipc(table: pa.Table) -> bytes:

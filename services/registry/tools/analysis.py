@@ -51,6 +51,7 @@ from services.registry.context import (
     raise_if_cancelled,
 )
 from services.registry.datasets import dataframe_to_arrow, unique_names
+from shared.arrow_ipc import integer_lists_as_lists
 from shared.config import Settings
 from shared.contract import (
     Alternative,
@@ -394,8 +395,10 @@ def _arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
     """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text. Integer
     columns with nulls stay integers (nullable): pandas makes them float64, which shows a count
     of 3 as 3.0 and rounds an id past 2**53 (Parquet from Spark, DuckDB or Arrow, and query
-    results, carry no pandas metadata to say otherwise)."""
-    return _nullable_integers(table, _arrow_to_pandas_types(table))
+    results, carry no pandas metadata to say otherwise); lists of integers with nulls among
+    them are Python lists (`[1, None, 3]`, not pandas' `[1.0, nan, 3.0]`), so they are stored,
+    shown and queried as integers."""
+    return integer_lists_as_lists(table, _nullable_integers(table, _arrow_to_pandas_types(table)))
 
 
 def _nullable_integers(table: pa.Table, df: pd.DataFrame) -> pd.DataFrame:
@@ -1026,11 +1029,12 @@ def _nullable_booleans(df: pd.DataFrame) -> pd.DataFrame:
 def _without_empty_unnamed_last_column(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     """Drop the last column when its header cell is empty and it holds nothing: the header
     and every row end with a delimiter (as spreadsheets export them), which would otherwise
-    be a column of nulls named "Unnamed: N"."""
+    be a column of nulls named `column_<n>`. (The header is read as written, see
+    _header_as_written: a column the file names `Unnamed: 3` is kept.)"""
     if df.shape[1] < 2:
         return df
-    last = str(df.columns[-1])
-    if not re.fullmatch(r"Unnamed: \d+", last) or not df.iloc[:, -1].isna().all():
+    last = df.columns[-1]
+    if (isinstance(last, str) and last.strip()) or not df.iloc[:, -1].isna().all():
         return df
     warnings.append(
         Warning(
@@ -1291,6 +1295,50 @@ MAX_NOTES_SHOWN = 4
 MAX_NOTES_KEPT = 20
 
 
+def _blank_line(line: str) -> bool:
+    """Whether `line` holds nothing but separators: a blank line, or a blank row as a
+    spreadsheet saves it (`,,,,`)."""
+    return not line.strip(" \t\r\n\ufeff" + "".join(DELIMITER_CANDIDATES))
+
+
+def _filled(fields: Sequence[str]) -> int:
+    return sum(bool(field.strip()) for field in fields)
+
+
+def _padded_note(fields: Sequence[str]) -> bool:
+    """Whether a record is a line of notes a spreadsheet padded to the table's width with
+    empty fields (`"Data Source","World Development Indicators",,,`): three or more fields,
+    of which only the first one or two hold anything."""
+    return len(fields) >= 3 and _filled(fields[:2]) > 0 and _filled(fields[2:]) == 0
+
+
+def _padded_notes_above(notes: list[list[str]], records: list[list[str]]) -> bool:
+    """Whether `notes` (split records) are padded lines of notes (see _padded_note) above the
+    table whose sampled records are `records`: its header fills most of its three or more
+    fields and most of its rows fill more than the first two, which no note does; and no
+    note fits the table as a row of it would (a number over a column of numbers: a data row
+    with its last values missing, not a note)."""
+    header, rows = records[0], records[1:]
+    width = len(header)
+    if width < 3 or _filled(header) <= 2 or 2 * _filled(header) < width or not rows:
+        return False
+    if 2 * sum(_filled(row) > 2 for row in rows) <= len(rows):
+        return False
+    numeric = [
+        bool(column) and all(_NUMBER_RE.fullmatch(v) for v in column)
+        for column in (
+            [r[i].strip() for r in rows if i < len(r) and r[i].strip()] for i in range(2)
+        )
+    ]
+    return all(
+        _padded_note(fields)
+        and not any(
+            numeric[i] and _NUMBER_RE.fullmatch(field.strip()) for i, field in enumerate(fields[:2])
+        )
+        for fields in notes
+    )
+
+
 def _notes_above_table(
     lines: Sequence[str], complete: bool, delimiter: str | None
 ) -> tuple[int, str, list[str]] | None:
@@ -1299,14 +1347,15 @@ def _notes_above_table(
     `"Last Updated Date","2024-06-28",`, a blank line, then the header): the number of lines
     before its header, its separator (`delimiter`, or the candidate giving the widest table)
     and the notes (the non-blank lines skipped). The header is the first line after a blank
-    one such that the records from it on are consistent (see _consistent), it reads as a
-    header rather than data, and every note above it has fewer fields than it. None when
-    there is no such line."""
+    one (or one of separators only, `,,,`) such that the records from it on are consistent
+    (see _consistent), it reads as a header rather than data, and every note above it has
+    fewer fields than it, or they are all notes padded to its width as a spreadsheet saves
+    them (see _padded_notes_above). None when there is no such line."""
     candidates = (delimiter,) if delimiter is not None else DELIMITER_CANDIDATES
     for i in range(1, min(len(lines), MAX_NOTE_LINES + 1)):
-        if lines[i - 1].strip() or not lines[i].strip():
+        if not _blank_line(lines[i - 1]) or _blank_line(lines[i]):
             continue
-        notes = [line.strip() for line in lines[:i] if line.strip()]
+        notes = [line.strip() for line in lines[:i] if not _blank_line(line)]
         if not notes:
             continue  # only blank lines above: pandas skips those itself
         table = "".join(lines[i:])
@@ -1323,7 +1372,7 @@ def _notes_above_table(
             ):
                 continue
             noted = [next(csv.reader([note], delimiter=candidate), []) for note in notes]
-            if all(len(fields) < width for fields in noted):
+            if all(len(fields) < width for fields in noted) or _padded_notes_above(noted, records):
                 best = (width, candidate)
         if best is not None:
             return i, best[1], notes
@@ -1424,7 +1473,7 @@ def _csv_layout(
                 details={"lines": preamble - start},
             )
         )
-    if records and (len(records[0]) < 2 or not _consistent(records)):
+    if records and (len(records[0]) < 2 or not _consistent(records) or _padded_note(records[0])):
         block = _notes_above_table(lines[preamble:], complete, given)
         if block is not None:
             skipped, found, notes = block
@@ -1433,15 +1482,13 @@ def _csv_layout(
             if given is None and found != delimiter:
                 _detected_delimiter_warning(found, warnings)
             delimiter = found
-            shown = "; ".join(clip(note, 100) for note in notes[:MAX_NOTES_SHOWN])
-            more = (
-                f"; … {len(notes) - MAX_NOTES_SHOWN} more" if len(notes) > MAX_NOTES_SHOWN else ""
-            )
+            # Without the empty fields a spreadsheet pads them with (`"Data Source","WDI",,,`).
+            notes = [note.rstrip(found + " ") or note for note in notes]
             warnings.append(
                 Warning(
                     kind="preamble",
                     message=f"skipped {skipped} line(s) of notes above the table's header: "
-                    f"{shown}{more}",
+                    + _quoted_notes(notes),
                     details={"lines": skipped, "notes": notes[:MAX_NOTES_KEPT]},
                 )
             )
@@ -1576,6 +1623,76 @@ def _trimmed_column_names(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataF
     return df
 
 
+# Lines of notes below a table (World Bank, Statistics Canada): looked for among its last rows.
+MAX_FOOTNOTE_ROWS = 50
+# The start of a line of notes: a label and a colon (`Source: …`, `Symbol legend:`, `Note 1:`)
+# or a footnote mark (`1.`, `(2)`, `[3]`, `*`, `†`, `¹`).
+_NOTE_LABEL_RE = re.compile(r"[^\W\d_][^:]{0,40}:(?:\s|$)")
+_FOOTNOTE_MARK_RE = re.compile(r"(?:\(?\d{1,2}[.)]|\[\d{1,2}\]|[*†‡§¹²³⁴⁵⁶⁷⁸⁹⁰]+)\s*[^\W\d]")
+# A value that is a number or a date (`2023`, `1,234.5`, `2023-01`, `01/02/2023`, `2023Q1`).
+_NUMBER_OR_DATE_RE = re.compile(
+    r"[+-]?[\d.,]*\d(?:[eE][+-]?\d+)?%?"
+    r"|\d{4}(?:[-/.]\d{1,2}){0,2}(?:[ T][\d:.]+)?"
+    r"|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}|\d{4} ?[QMHW]\d{1,2}"
+)
+
+
+def _quoted_notes(notes: Sequence[str]) -> str:
+    """Notes as a warning quotes them: the first MAX_NOTES_SHOWN, each clipped."""
+    shown = "; ".join(clip(note, 100) for note in notes[:MAX_NOTES_SHOWN])
+    more = f"; … {len(notes) - MAX_NOTES_SHOWN} more" if len(notes) > MAX_NOTES_SHOWN else ""
+    return shown + more
+
+
+def _footnotes(df: pd.DataFrame) -> tuple[int, list[str]] | None:
+    """The rows to keep and the notes below the table read into `df`, as World Bank and
+    Statistics Canada export it (after the data, often after a blank line: `Source: …`,
+    `Note: …`, `Symbol legend:` in the first column, the others empty), else None.
+
+    The notes are the last rows (at most MAX_FOOTNOTE_ROWS, fully blank ones among and above
+    them included) whose first field alone holds anything, text that is not a number or a
+    date. They are taken for notes only when the first of them starts like one (a label and
+    a colon, or a footnote mark; or, over numbers or dates, a sentence) and either the first
+    column holds numbers or dates above them (a note cannot be one of its values), or every
+    row above has a value besides the first (no row of the table is like them). So a table
+    whose last rows legitimately have only their first field (`Carol,`) keeps them."""
+    if df.shape[1] < 2 or len(df) < 2:
+        return None
+    tail = df.iloc[-MAX_FOOTNOTE_ROWS:]
+    first, others_empty = tail.iloc[:, 0], tail.iloc[:, 1:].isna().all(axis=1)
+    start = len(df)
+    for value, empty in zip(reversed(first.tolist()), reversed(others_empty.tolist()), strict=True):
+        if not empty:
+            break
+        if not pd.isna(value) and (
+            not isinstance(value, str) or _NUMBER_OR_DATE_RE.fullmatch(value.strip())
+        ):
+            break
+        start -= 1
+    block = df.iloc[start:, 0]
+    notes = [value.strip() for value in block if isinstance(value, str) and value.strip()]
+    if not notes:
+        return None
+    above = df.iloc[:start]
+    above = above[above.notna().any(axis=1)]
+    if above.empty:
+        return None
+    column = above.iloc[:, 0].dropna()
+    values = column.astype(str).str.strip()
+    over_numbers = not values.empty and bool(values.str.fullmatch(_NUMBER_OR_DATE_RE).all())
+    sentence = len(notes[0].split()) >= 4 and notes[0].endswith((".", ")"))
+    starts_like_a_note = bool(
+        _NOTE_LABEL_RE.match(notes[0])
+        or _FOOTNOTE_MARK_RE.match(notes[0])
+        or (over_numbers and sentence)
+    )
+    if not starts_like_a_note:
+        return None
+    if over_numbers or bool(above.iloc[:, 1:].notna().any(axis=1).all()):
+        return start, notes
+    return None
+
+
 def _read_csv(
     opened: IO[bytes],
     path: Path,
@@ -1590,6 +1707,8 @@ def _read_csv(
         opened.seek(0)
         bounded = _BoundedReader(_decompressing(opened, path), limit, path.name)
         return io.BufferedReader(bounded, READ_CHUNK_BYTES)
+
+    rows_kept: int | None = None  # the rows above notes below the table (see _footnotes)
 
     try:
         head = stream().read(max(ENCODING_SAMPLE_BYTES, DELIMITER_SAMPLE_BYTES))
@@ -1627,7 +1746,9 @@ def _read_csv(
                 # A trailing delimiter does not shift the positions of the columns as text.
                 index_col=False if as_text is not None or header_row else None,
                 dtype=str if as_text is not None or header_row else None,
-                nrows=1 if header_row else None,
+                # The header's cells as written: an empty one is "", a cell `NA` is "NA".
+                keep_default_na=not header_row,
+                nrows=1 if header_row else rows_kept,
             )
 
         for encoding in encodings:
@@ -1678,6 +1799,31 @@ def _read_csv(
     _check_column_names(df, path.name)
     df = _without_implicit_index(df, path.name, warnings)
     df = _without_empty_unnamed_last_column(df, warnings)
+    footer = _footnotes(df)
+    if footer is not None:
+        rows_kept, notes = footer
+        # Read again without them, so the columns are typed by their values alone (a column of
+        # years is numbers, not text because of `Source: …` below it).
+        try:
+            again = read(encoding, quoting)
+            again = _without_implicit_index(again, path.name, [])
+            again = _without_empty_unnamed_last_column(again, [])
+        except (pd.errors.ParserError, ValueError, HintException) as exc:  # read once already
+            logger.warning("could not re-read %s without its notes: %s", path.name, exc)
+            again = df.iloc[:0]
+        if again.shape == (rows_kept, df.shape[1]):
+            again.columns = df.columns
+            df = again
+        else:  # not expected: the same file, fewer rows
+            df = df.iloc[:rows_kept].copy()
+        warnings.append(
+            Warning(
+                kind="footnotes",
+                message=f"dropped {len(notes)} line(s) of notes below the table: "
+                + _quoted_notes(notes),
+                details={"lines": len(notes), "notes": notes[:MAX_NOTES_KEPT]},
+            )
+        )
     df = _numbers_as_written(df, read_as_text, may_have_leading_zeros, warnings)
     df = _huge_integers_as_text(df, warnings)
     df = _nullable_booleans(df)
@@ -1691,12 +1837,19 @@ def _read_csv(
     return df
 
 
+# The names pandas gives header cells it renames: a repeated name (`a.1`) and an empty one
+# (`Unnamed: 2`, by its 0-based position).
+_PANDAS_RENAMED_RE = re.compile(r".+\.\d+|Unnamed: \d+(?:\.\d+)?")
+
+
 def _header_as_written(df: pd.DataFrame, read_header: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """`df` with the names its header row gives, where pandas renamed a repeated one (`a`, `a`
-    read as `a`, `a.1`): load_dataset renames repeats once, SQL-style (`a_2`), with a warning
-    naming only those; and a name written `x.1` is not one of them. `read_header` reads the
-    header row as a row of text."""
-    if not any(re.fullmatch(r".+\.\d+", str(c)) for c in df.columns):
+    read as `a`, `a.1`) or an empty one (`a,,c` read as `a`, `Unnamed: 1`, `c`): load_dataset
+    renames repeats once, SQL-style (`a_2`), and empty names by their position (`column_2`, as
+    for Parquet), with a warning naming only those; and a name written `x.1` or `Unnamed: 3`
+    is not one of them. `read_header` reads the header row as a row of text, empty fields as
+    empty strings."""
+    if not any(_PANDAS_RENAMED_RE.fullmatch(str(c)) for c in df.columns):
         return df
     try:
         written = read_header()
