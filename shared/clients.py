@@ -194,9 +194,16 @@ class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
         return continuation(self._details(details), request)
 
 
+# What the mesh's command-line channels accept in one response (README: message sizes).
+CLIENT_MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
 def cli_channel(address: str, api_key: str | None = None) -> grpc.Channel:
     """A synchronous channel for command-line tools: sends the API key of TOOLMESH_API_KEY (or
     `api_key`) as a bearer token, for a dispatcher that authenticates its callers."""
-    channel = grpc.insecure_channel(address)
+    # A tool's result may be up to 32 MB serialised: over gRPC's default 4 MB receive limit.
+    channel = grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", CLIENT_MAX_RECEIVE_BYTES)]
+    )
     key = api_key if api_key is not None else os.environ.get("TOOLMESH_API_KEY", "")
     return grpc.intercept_channel(channel, _BearerAuth(key)) if key else channel

@@ -14,8 +14,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import seconds
-from shared.clients import cli_channel
+from shared.cli import limit, seconds, service_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -34,7 +33,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls = export_sub.add_parser("list", help="registered exports, newest first")
     ls.add_argument("--conversation", default="", help="only this conversation")
     ls.add_argument("--tenant", default="default", help="tenant id (default: default)")
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--limit", type=limit, default=50, help="rows (default 50; at most 1000)")
     ls.add_argument("--json", action="store_true", help="print the exports as JSON")
     ls.add_argument("--dispatcher", help="dispatcher address (default: from config)")
     ls.add_argument("--timeout", type=seconds, default=30.0, help="RPC deadline in seconds")
@@ -65,7 +64,7 @@ def _failure(exc: grpc.RpcError, address: str) -> int:
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     address = args.dispatcher or settings.address("dispatcher")
-    stub = dispatcher_pb2_grpc.DispatcherServiceStub(cli_channel(address))
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(service_channel("dispatcher", address))
     try:
         response = stub.ListExports(
             dpb.ListExportsRequest(
@@ -102,7 +101,7 @@ def _target(output: str | None, filename: str) -> Path:
 
 def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
     address = args.dispatcher or settings.address("dispatcher")
-    stub = dispatcher_pb2_grpc.DispatcherServiceStub(cli_channel(address))
+    stub = dispatcher_pb2_grpc.DispatcherServiceStub(service_channel("dispatcher", address))
     stream = stub.GetExport(
         dpb.GetExportRequest(file_id=args.file_id, tenant_id=args.tenant), timeout=args.timeout
     )
@@ -124,7 +123,12 @@ def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
             print(f"error: {target} exists (use --force to overwrite)", file=sys.stderr)
             stream.cancel()
             return EXIT_USAGE
-        fd, name = tempfile.mkstemp(prefix=".export-", dir=target.parent)
+        try:
+            fd, name = tempfile.mkstemp(prefix=".export-", dir=target.parent)
+        except OSError as exc:
+            print(f"error: cannot write {target}: {exc.strerror}", file=sys.stderr)
+            stream.cancel()
+            return EXIT_RPC_ERROR
         tmp = Path(name)
         size = 0
         with os.fdopen(fd, "wb") as out:

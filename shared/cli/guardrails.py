@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from shared.clients import cli_channel
+from shared.cli import INT64_MAX, int_between, service_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -41,7 +41,7 @@ PARAMS_HELP = (
 
 def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any) -> Any:
     """Call one dispatcher RPC on a channel closed afterwards; grpc.RpcError propagates."""
-    with cli_channel(_address(args, settings)) as channel:
+    with service_channel("dispatcher", _address(args, settings)) as channel:
         stub = dispatcher_pb2_grpc.DispatcherServiceStub(channel)
         return getattr(stub, method)(request, timeout=30)
 
@@ -158,7 +158,7 @@ def add_subcommands(sub: Any) -> None:
     p.set_defaults(func=cmd_policy_list)
 
     p = actions.add_parser("disable", help="disable a policy rule by id")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=int_between(1, INT64_MAX), help="the rule's id (policy list)")
     p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
     p.set_defaults(func=cmd_policy_disable)
 

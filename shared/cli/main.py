@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
+from shared.cli import (
+    UsageError,
+    guardrails,
+    limit,
+    mcp,
+    port,
+    seconds,
+    service_channel,
+    stats,
+)
 from shared.cli import export as export_cli
-from shared.cli import guardrails, mcp, seconds, stats
 from shared.cli import sandbox as sandbox_cli
 from shared.cli import surface as surface_cli
 from shared.cli.render import print_log, print_tools, print_trace
-from shared.clients import cli_channel
 from shared.config import DEFAULT_COLLECTOR_PORT, Settings
 from shared.errors import ToolmeshError
 from shared.rpc_errors import from_rpc_error
@@ -31,11 +44,14 @@ EXIT_OK = 0
 EXIT_TOOL_ERROR = 1
 EXIT_RPC_ERROR = 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
+EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process stopped by SIGINT (Ctrl-C)
+# What a gRPC header value may hold (HTTP/2 field values: visible ASCII and inner spaces).
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 
 
 def _channel(settings: Settings, service: str, override: str | None) -> grpc.Channel:
     address = override or settings.address(service)
-    return cli_channel(address)
+    return service_channel(service, address)
 
 
 def _rpc_failure(exc: grpc.RpcError, service: str, address: str) -> int:
@@ -80,11 +96,15 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    address = args.registry or settings.address("registry")
+    # `tools` and `tools list` take the same options, given before or after `list`; their
+    # defaults are left unset (argparse.SUPPRESS) so that `list` keeps the ones given before
+    # it, and are applied here.
+    tenant = getattr(args, "tenant", None) or "default"
+    address = getattr(args, "registry", None) or settings.address("registry")
     stub = registry_pb2_grpc.RegistryServiceStub(_channel(settings, "registry", address))
     try:
-        if args.all:
-            listed = stub.ListTools(rpb.ListToolsRequest(tenant_id=args.tenant), timeout=30)
+        if getattr(args, "all", False):
+            listed = stub.ListTools(rpb.ListToolsRequest(tenant_id=tenant), timeout=30)
             tools = [
                 {
                     "name": t.name,
@@ -96,9 +116,7 @@ def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
                 for t in listed.tools
             ]
         else:
-            response = stub.GetToolsForLLM(
-                rpb.GetToolsForLLMRequest(tenant_id=args.tenant), timeout=30
-            )
+            response = stub.GetToolsForLLM(rpb.GetToolsForLLMRequest(tenant_id=tenant), timeout=30)
             tools = [
                 {
                     "name": t.name,
@@ -109,7 +127,7 @@ def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
             ]
     except grpc.RpcError as exc:
         return _rpc_failure(exc, "registry", address)
-    print_tools(tools, as_json=args.json)
+    print_tools(tools, as_json=getattr(args, "json", False))
     return EXIT_OK
 
 
@@ -154,13 +172,29 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    if args.collector_port is None:  # read here, not when building the parser of every command
+        raw = os.environ.get("TOOLMESH_COLLECTOR_PORT") or str(DEFAULT_COLLECTOR_PORT)
+        try:
+            args.collector_port = port(raw)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"TOOLMESH_COLLECTOR_PORT {exc}") from None
     from shared.cli.up import run_up  # imports the database stack: only for `up`
 
     return run_up(args, settings)
 
 
+TRACE_ID = re.compile(r"[0-9a-f]{32}")
+
+
 def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
-    return print_trace(settings, args.trace_id, last=args.last)
+    trace_id = args.trace_id
+    if trace_id is not None:
+        if args.last:
+            raise UsageError("give a trace id or --last, not both")
+        trace_id = trace_id.strip().lower()
+        if not TRACE_ID.fullmatch(trace_id):
+            raise UsageError(f"{args.trace_id!r} is not a trace id (32 hex digits)")
+    return print_trace(settings, trace_id, last=args.last)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,10 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start every implemented service (Ctrl-C stops them)")
     p.add_argument(
         "--collector-port",
-        type=int,
-        default=int(os.environ.get("TOOLMESH_COLLECTOR_PORT") or DEFAULT_COLLECTOR_PORT),
-        help="port of the local OTLP span store (default 4317; ignored when "
-        "OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+        type=port,
+        default=None,
+        help="port of the local OTLP span store (default TOOLMESH_COLLECTOR_PORT, else 4317; "
+        "0 picks a free one; ignored when OTEL_EXPORTER_OTLP_ENDPOINT is set)",
     )
     p.add_argument("--quiet", action="store_true", help="do not echo service logs")
     p.set_defaults(func=cmd_up)
@@ -192,10 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_call)
 
     p = sub.add_parser("tools", help="list the tools a model sees (or --all stored tools)")
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--all", action="store_true", help="every stored tool, internal included")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--registry", help="registry address (default: from config)")
+    sandbox_cli.add_listing_options(p)
     p.set_defaults(func=cmd_tools)
     sandbox_cli.add_tools_subcommands(p, cmd_tools)
 
@@ -203,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool", help="only this tool")
     p.add_argument("--tenant", help="only this tenant")
     p.add_argument("--conversation", help="only this conversation")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=limit, default=20, help="rows (default 20; at most 1000)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
     p.set_defaults(func=cmd_log)
@@ -241,30 +272,140 @@ def cmd_keys_hash(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _option_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """dest -> how the user writes it (`--input`, `name`), over the parsers from the one of the
+    command chosen up to the top one (found by its func: a subcommand's dest may be overwritten
+    by an option of the same name, as `mcp connect --command`)."""
+
+    def path_to(current: argparse.ArgumentParser) -> list[argparse.ArgumentParser] | None:
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    found = path_to(child)
+                    if found is not None:
+                        return [current, *found]
+        return [current] if current._defaults.get("func") is args.func else None
+
+    names: dict[str, str] = {}
+    for current in reversed(path_to(parser) or [parser]):
+        for action in current._actions:
+            if action.dest not in names and not isinstance(action, argparse._SubParsersAction):
+                names[action.dest] = (
+                    max(action.option_strings, key=len) if action.option_strings else action.dest
+                )
+    return names
+
+
+# Arguments that name files: any bytes are a valid Linux path, so these may be non-UTF-8.
+PATH_ARGUMENTS = frozenset({"output", "code", "schema", "catalog", "queries"})
+
+
+def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every argument must be Unicode text. Python hands bytes that are not valid UTF-8 (a
+    Latin-1 file name, a truncated paste) over as lone surrogates, which no protobuf string,
+    gRPC header or JSON document can carry: name the argument instead of failing deep inside."""
+
+    def bad(value: Any) -> bool:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(value, list | tuple):
+            return any(bad(v) for v in value)
+        return False
+
+    for dest, value in vars(args).items():
+        if dest not in PATH_ARGUMENTS and bad(value):
+            name = _option_names(parser, args).get(dest, dest)
+            raise UsageError(f"argument {name}: not valid UTF-8 text ({value!r})")
+
+
+def _check_api_key() -> None:
+    key = os.environ.get("TOOLMESH_API_KEY", "")
+    if key and not _HEADER_VALUE.fullmatch(key):
+        raise UsageError(
+            "TOOLMESH_API_KEY holds characters an HTTP/2 header cannot carry (use printable "
+            "ASCII, no leading or trailing space)"
+        )
+
+
+def _silence_stdout() -> None:
+    """Point the stdout file descriptor at /dev/null, so that the interpreter's flush at exit
+    does not fail a second time on a pipe that is gone or a disk that is full."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no stdout, or one captured in memory
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     # The command reports what went wrong itself ("error: ..."); library warnings on the way
     # (the database layer's, say) would otherwise print as bare lines above it, twice said.
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.ERROR, format="%(levelname)s: %(name)s: %(message)s")
+    if sys.stdout is None and args.func is not cmd_up:
+        # Started with stdout closed (`toolmesh call x >&-`): refuse before calling anything,
+        # rather than run a tool and lose what it answered.
+        print("error: standard output is closed; nowhere to print the result", file=sys.stderr)
+        return EXIT_RPC_ERROR
+    if sys.stdout is not None and sys.stdout is sys.__stdout__:
+        # A file name made of bytes that are not UTF-8 (`export get -o`) prints back as the
+        # same bytes, as other Unix tools print it, instead of failing after the work is done.
+        with contextlib.suppress(AttributeError, ValueError):
+            sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
     try:
         settings = Settings.from_env()
     except ValueError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     try:
+        _check_text(parser, args)
+        _check_api_key()
         code = int(args.func(args, settings))
-        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_RPC_ERROR
     except ToolmeshError as exc:  # e.g. `db upgrade` or `seed` on a database it cannot open
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_RPC_ERROR
     except BrokenPipeError:
         # The reader went away (`toolmesh log | head`): stop quietly, as Unix tools do. Python
         # would otherwise fail again flushing stdout at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        # Ctrl-C: the process exits, which cancels an RPC in flight (the dispatcher logs the
+        # call as cancelled); no traceback of where the main thread happened to wait.
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        # Output that cannot be written (a full disk: ENOSPC) and the like. The interpreter
+        # would fail again flushing the same buffer at exit.
+        if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
+            _silence_stdout()
+            print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        else:
+            where = f": {exc.filename}" if exc.filename else ""
+            print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_RPC_ERROR
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback when asked for
+        if settings.log_level == "DEBUG":
+            traceback.print_exc()
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc} "
+            "(TOOLMESH_LOG_LEVEL=debug prints the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_RPC_ERROR
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from shared.clients import cli_channel
+from shared.cli import service_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -35,7 +35,7 @@ def _address(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any) -> Any:
-    with cli_channel(_address(args, settings)) as channel:
+    with service_channel("mcp_bridge", _address(args, settings)) as channel:
         stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel)
         return getattr(stub, method)(request, timeout=CONNECT_TIMEOUT_S)
 

@@ -64,7 +64,13 @@ def print_trace(settings: Settings, trace_id: str | None, *, last: bool) -> int:
     if not path.exists():
         print(f"no span store at {path} (spans are stored there by `toolmesh up`)", file=sys.stderr)
         return 2
-    spans = read_spans(path)
+    try:
+        spans = read_spans(path)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # A directory, an unreadable file, a line that is not a span record: read_spans
+        # raises whatever the first bad line makes of it.
+        print(f"error: cannot read the span store {path}: {exc}", file=sys.stderr)
+        return 2
     if not spans:
         print("the span store is empty", file=sys.stderr)
         return 2

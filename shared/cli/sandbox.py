@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from shared.clients import cli_channel
+from shared.cli import UsageError, limit, service_channel, wait_seconds
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -59,6 +59,15 @@ def _sandbox_address(args: argparse.Namespace, settings: Settings) -> str:
     return str(getattr(args, "sandbox", None) or settings.address("sandbox"))
 
 
+def _no_listing_options(args: argparse.Namespace) -> None:
+    """`tools --all approve X`: the listing flags given before a verb they do not apply to are
+    refused, not silently ignored."""
+    given = [flag for flag in ("all", "json") if getattr(args, flag, False)]
+    if given:
+        flags = " and ".join(f"--{flag}" for flag in given)
+        raise UsageError(f"{flags} list tools; `tools {args.tools_command}` does not take them")
+
+
 def _registry_address(args: argparse.Namespace, settings: Settings) -> str:
     return str(getattr(args, "registry", None) or settings.address("registry"))
 
@@ -66,8 +75,9 @@ def _registry_address(args: argparse.Namespace, settings: Settings) -> str:
 def _tenant(args: argparse.Namespace, open_default: str = "default") -> str:
     """--tenant; else, with an API key, empty (the sandbox takes the key's tenant); else
     `open_default`."""
-    if args.tenant is not None:
-        return str(args.tenant)
+    tenant = getattr(args, "tenant", None)
+    if tenant is not None:
+        return str(tenant)
     return "" if os.environ.get("TOOLMESH_API_KEY") else open_default
 
 
@@ -79,7 +89,31 @@ def _read(path: str, what: str) -> str | None:
         return None
 
 
+def _tool_meta(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """The tool document's fields checked for their types, so that a wrong one is named
+    instead of failing on the way into the request."""
+    # Either a tool document {"name", "description", "input_schema", ...} or a bare schema.
+    meta: dict[str, Any] = doc if "input_schema" in doc else {"input_schema": doc}
+    for key in ("name", "description", "category"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise UsageError(f"{path}: {key} must be a string")
+    capabilities = meta.get("required_capabilities")
+    if capabilities is not None and not (
+        isinstance(capabilities, list) and all(isinstance(c, str) for c in capabilities)
+    ):
+        raise UsageError(f"{path}: required_capabilities must be a list of strings")
+    timeout = meta.get("timeout_seconds")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 <= timeout <= 1e9  # also refuses NaN
+    ):
+        raise UsageError(f"{path}: timeout_seconds must be a number of seconds, 0 or more")
+    return meta
+
+
 def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
+    _no_listing_options(args)
     code = _read(args.code, "code")
     schema_text = _read(args.schema, "schema")
     if code is None or schema_text is None:
@@ -92,8 +126,7 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
     if not isinstance(doc, dict):
         print(f"error: {args.schema} must hold a JSON object", file=sys.stderr)
         return EXIT_RPC_ERROR
-    # Either a tool document {"name", "description", "input_schema", ...} or a bare schema.
-    meta: dict[str, Any] = doc if "input_schema" in doc else {"input_schema": doc}
+    meta = _tool_meta(doc, args.schema)
     name = args.name or meta.get("name") or Path(args.code).stem
     tool = pb.ToolDefinition(
         name=str(name),
@@ -109,7 +142,7 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
     )
     address = _sandbox_address(args, settings)
     try:
-        with cli_channel(address) as channel:
+        with service_channel("sandbox", address) as channel:
             stored = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
                 .RegisterCustomTool(spb.RegisterCustomToolRequest(tool=tool), timeout=30)
@@ -128,9 +161,10 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
 def _set_status(args: argparse.Namespace, settings: Settings, status: int) -> int:
     """A custom tool is reviewed by the sandbox (tenant-checked); a system or MCP tool (a
     pinned MCP definition held in testing, say) by the registry."""
+    _no_listing_options(args)
     address = _sandbox_address(args, settings)
     try:
-        with cli_channel(address) as channel:
+        with service_channel("sandbox", address) as channel:
             tool = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
                 .SetCustomToolStatus(
@@ -149,7 +183,7 @@ def _set_status(args: argparse.Namespace, settings: Settings, status: int) -> in
             return _failed(exc, "sandbox", address)
         address = _registry_address(args, settings)
         try:
-            with cli_channel(address) as channel:
+            with service_channel("registry", address) as channel:
                 tool = (
                     registry_pb2_grpc.RegistryServiceStub(channel)
                     .SetToolStatus(
@@ -193,7 +227,7 @@ def _print_job(job: spb.Job, as_json: bool) -> None:
 def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
     address = _sandbox_address(args, settings)
     try:
-        with cli_channel(address) as channel:
+        with service_channel("sandbox", address) as channel:
             stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
             job = stub.SubmitBuildJob(
                 spb.SubmitBuildJobRequest(
@@ -208,7 +242,9 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-                job = stub.GetJob(spb.GetJobRequest(id=job.id, tenant_id=job.tenant_id)).job
+                job = stub.GetJob(
+                    spb.GetJobRequest(id=job.id, tenant_id=job.tenant_id), timeout=30
+                ).job
     except grpc.RpcError as exc:
         return _failed(exc, "sandbox", address)
     _print_job(job, args.json)
@@ -219,7 +255,7 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
     address = _sandbox_address(args, settings)
     try:
-        with cli_channel(address) as channel:
+        with service_channel("sandbox", address) as channel:
             jobs = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
                 .ListJobs(
@@ -240,7 +276,7 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
     address = _sandbox_address(args, settings)
     try:
-        with cli_channel(address) as channel:
+        with service_channel("sandbox", address) as channel:
             job = (
                 sandbox_pb2_grpc.SandboxServiceStub(channel)
                 .GetJob(spb.GetJobRequest(id=args.id, tenant_id=_tenant(args)), timeout=30)
@@ -252,14 +288,28 @@ def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def add_listing_options(p: argparse.ArgumentParser) -> None:
+    """The options of `tools` and `tools list`. Their defaults are left unset: a subcommand's
+    defaults overwrite what was parsed before it, so `tools --all list` would list without
+    --all and `tools --registry ADDR list` ask the configured registry instead. The listing
+    applies them (main.cmd_tools)."""
+    unset = argparse.SUPPRESS
+    p.add_argument("--tenant", default=unset, help="tenant (default: default)")
+    p.add_argument(
+        "--all", action="store_true", default=unset, help="every stored tool, internal included"
+    )
+    p.add_argument("--json", action="store_true", default=unset, help="print JSON")
+    p.add_argument("--registry", default=unset, help="registry address (default: from config)")
+
+
 def add_tools_subcommands(tools: argparse.ArgumentParser, list_tools: Command) -> None:
-    """`toolmesh tools` keeps listing; `tools list|add|approve|reject` act."""
+    """`toolmesh tools` keeps listing; `tools list|add|approve|reject` act. An option the
+    `tools` parser shares with a subcommand (--tenant, --registry) may be given before or after
+    the verb: the subcommands leave it unset unless given (argparse.SUPPRESS)."""
+    unset = argparse.SUPPRESS
     sub = tools.add_subparsers(dest="tools_command", required=False, metavar="{list,add,...}")
     p = sub.add_parser("list", help="list the tools a model sees (or --all stored tools)")
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--all", action="store_true", help="every stored tool, internal included")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--registry", help="registry address (default: from config)")
+    add_listing_options(p)
     p.set_defaults(func=list_tools)
 
     p = sub.add_parser("add", help="register or update a custom tool (as a draft)")
@@ -271,7 +321,11 @@ def add_tools_subcommands(tools: argparse.ArgumentParser, list_tools: Command) -
     )
     p.add_argument("--name", help="tool name (default: from the schema file or the code file)")
     p.add_argument("--description", help="what the tool does, for the model")
-    p.add_argument("--tenant", help=f"owning tenant ('*' for every tenant; {TENANT_DEFAULT})")
+    p.add_argument(
+        "--tenant",
+        default=unset,
+        help=f"owning tenant ('*' for every tenant; {TENANT_DEFAULT})",
+    )
     p.add_argument("--sandbox", help="sandbox address (default: from config)")
     p.set_defaults(func=cmd_tools_add)
 
@@ -281,10 +335,13 @@ def add_tools_subcommands(tools: argparse.ArgumentParser, list_tools: Command) -
         p.add_argument("--reason", default="", help="recorded with the status change")
         p.add_argument(
             "--tenant",
+            default=unset,
             help="the tool's tenant (default: the API key's with TOOLMESH_API_KEY, else any)",
         )
         p.add_argument("--sandbox", help="sandbox address (default: from config)")
-        p.add_argument("--registry", help="registry address, for a system or MCP tool")
+        p.add_argument(
+            "--registry", default=unset, help="registry address, for a system or MCP tool"
+        )
         p.set_defaults(func=func)
 
 
@@ -295,10 +352,12 @@ def add_subcommands(sub: Any) -> None:
     p = jobs_sub.add_parser("build", help="queue a natural-language tool build")
     p.add_argument("request", help="what the tool should do")
     p.add_argument("--name", help="proposed tool name")
-    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a final state")
+    p.add_argument(
+        "--wait", type=wait_seconds, default=0.0, help="seconds to wait for a final state"
+    )
     p.set_defaults(func=cmd_jobs_build)
     p = jobs_sub.add_parser("list", help="the tenant's jobs, newest first")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=limit, default=20)
     p.set_defaults(func=cmd_jobs_list)
     p = jobs_sub.add_parser("show", help="one job with its result")
     p.add_argument("id")

@@ -17,8 +17,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import seconds
-from shared.clients import cli_channel
+from shared.cli import seconds, service_channel
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -106,7 +105,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text or "")
     if match:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match.group(2)]
-        return now - timedelta(seconds=float(match.group(1)) * unit)
+        try:
+            return now - timedelta(seconds=float(match.group(1)) * unit)
+        except (OverflowError, ValueError):  # further back than datetime goes (year 1)
+            raise ValueError(f"--since {text!r}: that is before year 1") from None
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError as exc:
@@ -159,7 +161,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if not address:
         print("error: no registry address (set TOOLMESH_REGISTRY_ADDR)", file=sys.stderr)
         return EXIT_RPC_ERROR
-    with cli_channel(address) as channel:
+    with service_channel("registry", address) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         try:
             response = stub.GetContractStats(
@@ -187,12 +189,12 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
         since = parse_since(args.since)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_RPC_ERROR  # a usage error, as argparse's own
     request = rpb.GetUsageStatsRequest(
         group_by=args.by, tool_name=args.tool or "", tenant_id=args.tenant or ""
     )
     request.since.FromDatetime(since)
-    with cli_channel(address) as channel:
+    with service_channel("registry", address) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         try:
             response = stub.GetUsageStats(request, timeout=args.timeout)

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from shared.clients import cli_channel
+from shared.cli import INT32_MAX, int_between, service_channel
 from shared.config import Settings
 from shared.errors import ToolmeshError
 from shared.rpc_errors import from_rpc_error
@@ -28,7 +28,7 @@ MODES = {"chat": pb.MODE_CHAT, "agentic": pb.MODE_AGENTIC, "delegate": pb.MODE_D
 
 
 def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any) -> Any:
-    with cli_channel(_address(args, settings)) as channel:
+    with service_channel("surface", _address(args, settings)) as channel:
         stub = surface_pb2_grpc.SurfaceServiceStub(channel)
         return getattr(stub, method)(request, timeout=60)
 
@@ -187,7 +187,7 @@ def add_subcommands(sub: Any) -> None:
     p = margs.add_parser("set", help="create or update a model config")
     p.add_argument("model")
     p.add_argument("--provider", required=True)
-    p.add_argument("--max-output-tokens", type=int, required=True)
+    p.add_argument("--max-output-tokens", type=int_between(1, INT32_MAX), required=True)
     p.add_argument("--role", action="append", help="role the model serves (repeatable)")
     p.add_argument("--capability", action="append", help="native capability (repeatable)")
     p.add_argument("--input-price", type=float, default=0.0, help="USD per million input tokens")

@@ -7,7 +7,9 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from shared.config import IMPLEMENTED_SERVICES, Settings
@@ -16,17 +18,71 @@ from shared.errors import ToolmeshError
 from shared.launcher import LaunchError, ServiceProcess, service_env, start_services
 
 
+def _without_sigint(
+    start: Callable[[], list[ServiceProcess]],
+) -> Callable[[], list[ServiceProcess]]:
+    """`start` run in a thread of its own that blocks SIGINT: the processes it spawns inherit
+    that signal mask, so a Ctrl-C in the terminal (sent to the whole foreground process group)
+    reaches only `toolmesh up`, which stops them with SIGTERM. Otherwise a Ctrl-C during
+    start-up kills each service mid-import with a KeyboardInterrupt traceback, and `up`
+    reports them as crashed. Returns a `join` that re-raises what `start` raised."""
+    started: list[list[ServiceProcess]] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            started.append(start())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="toolmesh-up-start", daemon=True)
+    thread.start()
+
+    def join() -> list[ServiceProcess]:
+        while thread.is_alive():
+            thread.join(0.2)  # a signal's handler runs in the main thread meanwhile
+        if failed:
+            raise failed[0]
+        return started[0]
+
+    return join
+
+
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
     from shared.telemetry.collector import CollectorThread, JsonlSpanSink
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    for root in settings.data_roots:
-        root.mkdir(parents=True, exist_ok=True)
+    # A plain flag, not a threading.Event: the handler runs in the main thread between two
+    # bytecodes, possibly while that thread is inside Event.wait holding the Event's lock, and
+    # Event.set would then wait for that lock for ever (a second signal made it likely).
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    # From the start: a Ctrl-C during the migration lets it finish instead of breaking it off.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        for root in settings.data_roots:
+            root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(
+            f"error: cannot create the data directory {exc.filename}: {exc.strerror} "
+            "(set TOOLMESH_DATA_DIR / TOOLMESH_DATA_ROOTS)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         upgrade(settings.database_url)
     except ToolmeshError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    if stopping:
+        print("toolmesh stopped.", flush=True)
+        return 0
     env = service_env()
     env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "1000")  # `toolmesh trace --last` right after a call
     collector: CollectorThread | None = None
@@ -45,25 +101,19 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"127.0.0.1:{port}"
         print(f"span store      listening on 127.0.0.1:{port} -> {spans_path}", flush=True)
 
-    # A plain flag, not a threading.Event: the handler runs in the main thread between two
-    # bytecodes, possibly while that thread is inside Event.wait holding the Event's lock, and
-    # Event.set would then wait for that lock for ever (a second signal made it likely).
-    stopping: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     started: list[ServiceProcess] = []
     code = 0
     try:
-        started = start_services(
-            [(name, settings.ports[name]) for name in IMPLEMENTED_SERVICES],
-            env=env,
-            echo_output=not args.quiet,
+        join = _without_sigint(
+            lambda: start_services(
+                [(name, settings.ports[name]) for name in IMPLEMENTED_SERVICES],
+                env=env,
+                echo_output=not args.quiet,
+            )
         )
+        started = join()
+        if stopping:  # stopped while starting: not an error
+            return code
         for proc in started:
             print(f"{proc.name:<15} listening on {proc.address}", flush=True)
         print(f"database        {settings.database_url}", flush=True)

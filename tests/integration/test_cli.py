@@ -66,6 +66,20 @@ def test_call_prints_the_rendered_ok_result_and_exits_0(mesh: Mesh) -> None:
 
 
 @on_sqlite_mesh
+def test_call_prints_a_result_over_grpcs_default_4_mb_message_limit(mesh: Mesh) -> None:
+    """A result may be up to 32 MB serialised; the CLI's channel took gRPC's default 4 MB and
+    answered RESOURCE_EXHAUSTED for a call that had run."""
+    # ~15 MB of hex digits: the result's Arrow table does not compress below 4 MB.
+    sql = (
+        "SELECT (SELECT string_agg(md5((i * 100 + j)::VARCHAR), '') FROM range(60) r(j)) AS s "
+        "FROM range(8000) t(i)"
+    )
+    done = call(mesh, "query", "--input", json.dumps({"sql": sql, "limit": 8000}))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "8000 row(s)" in done.stdout
+
+
+@on_sqlite_mesh
 def test_call_exits_0_on_a_hint(mesh: Mesh) -> None:
     done = call(mesh, "ping", "--input", '{"fail": "hint"}')
     assert done.returncode == 0, done.stderr
