@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from shared import convert
 from shared.cli import (
     UsageError,
     guardrails,
@@ -112,6 +113,10 @@ def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
                     "status": pb.ToolStatus.Name(t.status).removeprefix("TOOL_STATUS_").lower(),
                     "category": t.category,
                     "description": t.description,
+                    "annotations": convert.annotations_from_pb(t.annotations)
+                    if t.HasField("annotations")
+                    else None,
+                    "required_capabilities": list(t.required_capabilities),
                 }
                 for t in listed.tools
             ]

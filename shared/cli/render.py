@@ -16,6 +16,27 @@ def _width() -> int:
     return shutil.get_terminal_size((120, 20)).columns
 
 
+# How `tools --all` marks a tool's declared hints (MCP annotations), in this order.
+_HINT_MARKS = (
+    ("read_only", "read-only"),
+    ("destructive", "destructive"),
+    ("idempotent", "idempotent"),
+    ("open_world", "open-world"),
+)
+
+
+def _declared(annotations: dict[str, Any], capabilities: Sequence[str]) -> str:
+    """A tool's title, the hints its server declared true, and the capabilities it requires,
+    as a prefix of its listed description ("" when none)."""
+    parts = [f'"{annotations["title"]}"'] if annotations.get("title") else []
+    hints = [mark for key, mark in _HINT_MARKS if annotations.get(key) is True]
+    if hints:
+        parts.append(",".join(hints))
+    if capabilities:
+        parts.append("needs " + ",".join(capabilities))
+    return f"({'; '.join(parts)}) " if parts else ""
+
+
 def print_tools(tools: Sequence[dict[str, Any]], *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(list(tools), indent=2, ensure_ascii=False))
@@ -23,6 +44,7 @@ def print_tools(tools: Sequence[dict[str, Any]], *, as_json: bool) -> None:
     name_w = max((len(t["name"]) for t in tools), default=4)
     for t in tools:
         extra = f"[{t['type']}/{t['status']}/{t['category']}] " if "type" in t else ""
+        extra += _declared(t.get("annotations") or {}, t.get("required_capabilities") or [])
         desc = (extra + t["description"]).replace("\n", " ")
         room = max(20, _width() - name_w - 3)
         print(f"{t['name']:<{name_w}}  {desc[:room]}")

@@ -318,6 +318,26 @@ def test_a_servers_tool_annotations_reach_the_registry_across_processes(
     assert echo.annotations.HasField("destructive") and not echo.annotations.destructive
     assert list(echo.required_capabilities) == []  # TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY unset
 
+    # And an operator sees them in the catalog listing.
+    def tools(*args: str) -> subprocess.CompletedProcess[str]:
+        where = ("--registry", mcp_mesh.address("registry"))
+        return subprocess.run(
+            [sys.executable, "-m", "shared.cli.main", "tools", "--all", *args, *where],
+            env=mcp_mesh.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = tools()
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith("mcp_everything_echo "))
+    assert f'("{echo.annotations.title}"; read-only' in line and "destructive" not in line
+    (row,) = [t for t in json.loads(tools("--json").stdout) if t["name"] == "mcp_everything_echo"]
+    assert row["annotations"]["read_only"] is True and row["annotations"]["destructive"] is False
+
 
 def test_images_structured_content_and_resources_map_into_the_result(
     mcp_mesh: Mesh, everything: mpb.ConnectResponse
