@@ -828,8 +828,15 @@ class Dispatcher:
     async def _apply_conversation_budget(self, plan: _Plan) -> None:
         """The per-conversation ceiling: refuse a call once the conversation's usage_log total
         reaches it, otherwise narrow the call's budget to what is left (the registry stops a
-        handler that crosses it). Concurrent calls of one batch may together overshoot by at
-        most one call's spending."""
+        handler at the charge that crosses it).
+
+        The bound is per call, not reserved: what a running call will spend is not known when
+        it starts, so calls of a conversation running at once — in one batch, or on several
+        replicas — are each granted what was left when they started. With k of them running
+        from a total S, the conversation ends at most (k - 1) × (ceiling - S) over its ceiling,
+        plus the last charge of each call (the one that crossed its limit); once the total
+        reaches the ceiling, every replica refuses the next call. Tested in
+        tests/unit/dispatcher/test_replicas_concurrency.py."""
         ceiling = self._conversation_budget_usd
         ctx = plan.ctx
         if ceiling <= 0 or self._usage is None or not ctx.conversation_id:

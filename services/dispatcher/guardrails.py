@@ -74,7 +74,12 @@ def call_hashes(tool_name: str, inputs: Mapping[str, Any]) -> tuple[str, str]:
 @dataclass(frozen=True)
 class LoopState:
     """The loop guard's view of a conversation: how many calls it has seen (`seq`, which also
-    orders concurrent writes), the identity of the last one and how many in a row had it."""
+    orders concurrent writes), the identity of the last one and how many in a row had it.
+
+    Read before a call runs and written with its log row after it: a call counts the calls
+    (on any replica) that were logged before it started, and a batch's calls in input order,
+    but separate calls of one conversation in flight at the same time do not see each other.
+    Failed approaches and observation counts are read and written the same way."""
 
     seq: int = 0
     last_identity: str = ""

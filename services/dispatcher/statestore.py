@@ -162,7 +162,11 @@ _COUNT_CALL = _sql(
     RETURNING count
     """
 )
-_PRUNE_COUNTERS = _sql("DELETE FROM rate_limit_counters WHERE window_start < :horizon")
+# One rule's windows long past: never another rule's (a rule with a longer window keeps counting
+# in a window older than this rule's horizon).
+_PRUNE_COUNTERS = _sql(
+    "DELETE FROM rate_limit_counters WHERE rule_id = :rule_id AND window_start < :horizon"
+)
 _CANCEL_EPOCH = _sql(
     "SELECT cancel_epoch FROM conversation_state "
     "WHERE tenant_id = :tenant_id AND conversation_id = :conversation_id"
@@ -357,10 +361,11 @@ class _SnapshotQuery:
 @dataclass(frozen=True)
 class _Counting:
     """The statements' parameters for counting one call against rate-limit rules: one upsert
-    per rule's current window, and now and then a prune of windows long past."""
+    per rule's current window, and now and then, per rule, a prune of that rule's windows
+    that ended more than one of its windows ago."""
 
     counts: list[tuple[int, dict[str, Any]]]
-    prune: dict[str, Any] | None
+    prune: list[dict[str, Any]]
 
     @classmethod
     def of(
@@ -378,9 +383,11 @@ class _Counting:
             )
             for rule in rules
         ]
-        prune = None
+        prune = []
         if rules and random.random() < PRUNE_PROBABILITY:
-            prune = {"horizon": int(now_s) - 2 * max(r.window_s for r in rules)}
+            prune = [
+                {"rule_id": rule.id, "horizon": int(now_s) - 2 * rule.window_s} for rule in rules
+            ]
         return cls(counts, prune)
 
 
@@ -540,8 +547,8 @@ class SqlGuardrailStore:
         with translate_db_errors(), self._engine.begin() as conn:
             for rule_id, params in counting.counts:
                 counts[rule_id] = int(conn.execute(_COUNT_CALL, params).scalar_one())
-            if counting.prune is not None:
-                conn.execute(_PRUNE_COUNTERS, counting.prune)
+            for prune in counting.prune:
+                conn.execute(_PRUNE_COUNTERS, prune)
         return counts
 
     def count_calls_now(
@@ -559,8 +566,8 @@ class SqlGuardrailStore:
             with self._loop_db.transaction() as cursor:
                 for rule_id, params in counting.counts:
                     counts[rule_id] = int(cursor.execute(_COUNT_CALL.text, params).fetchone()[0])
-                if counting.prune is not None:
-                    cursor.execute(_PRUNE_COUNTERS.text, counting.prune)
+                for prune in counting.prune:
+                    cursor.execute(_PRUNE_COUNTERS.text, prune)
         except sqlite3.Error:
             return None
         return counts
