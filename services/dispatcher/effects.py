@@ -38,6 +38,9 @@ from shared.contract.effects import (
     EffectLog,
     RecordingDisplay,
     RecordingRecorder,
+    StreamChunk,
+    StreamChunks,
+    apply_effect,
 )
 from shared.contract.effects_cards import finalize_cards
 from shared.db.engine import translate_db_errors
@@ -75,8 +78,21 @@ class CallEventBuffer:
         self.events.append(EventRecord(event_type, dict(data), tool_use_id, at, blob))
 
 
+# A call's first progress reports are each recorded (a conversation_events row and an effect
+# replay re-applies); past these, one call keeps only its latest report for the record.
+RECORDED_PROGRESS = 256
+
+
 class CallEffects:
-    """The effects of one call: the log (in emission order) and the proxies that fill it."""
+    """The effects of one call: the log (in emission order) and the proxies that fill it.
+
+    Progress is a state, and a tool may report it thousands of times a second: the call's first
+    RECORDED_PROGRESS reports are recorded and streamed as effects like any other; after them
+    each report is still shown at once (the display keeps only the latest one not yet sent)
+    but held rather than recorded, replacing the one held before, and the last one is recorded
+    (its data saying how many it stands for, `superseded`) just before the call's next event
+    (its result). So the log, the call's conversation_events and the memory they take stay
+    bounded however many reports come, and the record still ends with the latest state."""
 
     def __init__(self, display: DisplayHandle | None = None) -> None:
         self.buffer = CallEventBuffer()
@@ -84,6 +100,11 @@ class CallEffects:
         self.recording = RecordingRecorder(self.log)
         self.showing = RecordingDisplay(self.log)
         self.streaming = display is not None
+        self._progress_recorded = 0
+        # The latest progress report past RECORDED_PROGRESS not yet recorded, and how many
+        # reports it replaced.
+        self._held_progress: dict[str, Any] | None = None
+        self._held_superseded = 0
 
     @property
     def events(self) -> list[EventRecord]:
@@ -94,7 +115,14 @@ class CallEffects:
         return list(self.log.effects)
 
     def event(self, event_type: str, data: Mapping[str, Any], tool_use_id: str = "") -> None:
-        """A conversation_events row, through the recording proxy and the chokepoint."""
+        """A conversation_events row, through the recording proxy and the chokepoint (a progress
+        report held back by report_progress first)."""
+        held = self._held_progress
+        if held is not None:
+            self._held_progress = None
+            recorded = {**held, "superseded": self._held_superseded}
+            self._held_superseded = 0
+            self.recording.record("progress", recorded, tool_use_id=str(held["tool_use_id"]))
         self.recording.record(event_type, data, tool_use_id=tool_use_id)
 
     def stream(self, *chunks: tuple[str, Mapping[str, Any]]) -> None:
@@ -104,8 +132,17 @@ class CallEffects:
 
     def report_progress(self, tool_use_id: str, data: Mapping[str, Any]) -> None:
         payload = {"tool_use_id": tool_use_id, **data}
-        self.event("progress", payload, tool_use_id)
-        self.stream(("progress", payload))
+        if self._progress_recorded < RECORDED_PROGRESS:
+            self._progress_recorded += 1
+            self.event("progress", payload, tool_use_id)
+            self.stream(("progress", payload))
+            return
+        if self._held_progress is not None:
+            self._held_superseded += 1
+        self._held_progress = payload
+        if self.streaming:
+            # Shown through the chokepoint, not kept in the log (replay shows the recorded ones).
+            apply_effect(StreamChunks((StreamChunk("progress", payload),)), self.log.ctx)
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -162,6 +199,9 @@ class _InsertRow:
 
     def params(self) -> dict[str, Any]:
         return self.row
+
+    def row_key(self) -> tuple[Any, ...]:
+        return ()  # a new row: no other transaction waits for it
 
 
 def _entry(r: GeneratedFileRow) -> ExportEntry:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -26,6 +28,8 @@ from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 MAX_LOG_ROWS = 1000
 MAX_EVENTS = 5000
@@ -233,48 +237,165 @@ def export_to_pb(e: ExportEntry) -> dpb.ExportFile:
     )
 
 
-class QueueDisplay:
-    """The display of a streamed call: each chunk the chokepoint sends becomes a stream
-    message on the RPC's queue."""
+class _Pending:
+    """One message of a streamed call waiting to be sent, kept as the chunk's data (built into
+    its protobuf only when sent, so a superseded progress costs no message)."""
+
+    __slots__ = ("data", "key", "kind", "message", "parts", "size")
+
+    def __init__(self, kind: str, key: str = "", data: Mapping[str, Any] | None = None) -> None:
+        self.kind = kind
+        self.key = key
+        self.data = data
+        self.parts: list[str] = []
+        self.size = 0
+        self.message: dpb.DispatchToolCallStreamResponse | None = None
+
+
+def _progress_message(data: Mapping[str, Any]) -> dpb.DispatchToolCallStreamResponse:
+    update = dpb.ProgressUpdate(
+        tool_use_id=str(data.get("tool_use_id", "")), message=str(data.get("message", ""))
+    )
+    if data.get("fraction") is not None:
+        update.fraction = float(data["fraction"])
+    if data.get("data"):
+        update.data_json = convert.dumps(data["data"])
+    return dpb.DispatchToolCallStreamResponse(progress=update)
+
+
+class CoalescingDisplay:
+    """The display of a streamed call (the DisplayHandle the chokepoint writes to) and the
+    outbox `DispatchToolCallStream` drains. Writing to it never waits, whatever the client's
+    pace, and what waits in it is bounded; messages leave in the order they were written:
+
+    * progress is a state: a progress update replaces the one of the same tool_use_id not yet
+      sent (which is removed, the newer one taking the end of the line), so at most one per
+      call waits however fast the tool reports and however slowly the client reads;
+    * text is never dropped (it is the result's own text, bounded by the result's size), and
+      arrives in the chunks it was written in while fewer than MERGE_AFTER messages wait; past
+      that, a text delta is merged into the one of the same tool_use_id waiting last, up to
+      MAX_TEXT_CHARS characters a message (a large result is fewer, larger messages);
+    * cards and export notices are never merged or replaced. They come from the call's result
+      (bounded by its size, and also in the final result the client gets), so the caps
+      MAX_PENDING_ITEMS / MAX_PENDING_BYTES of those waiting are a guard that a real result
+      does not reach: past them a card or notice is left out of the stream, counted in
+      `dropped` and logged (a WARNING at the first, the total when the stream ends). Waiting
+      for room instead is not an option: the chokepoint writes here synchronously, on the
+      event loop, from the dispatch itself, which must never wait for a client;
+    * the final result is not written here: the RPC sends it after everything written.
+    """
+
+    MERGE_AFTER = 16
+    MAX_TEXT_CHARS = 64 * 1024
+    MAX_PENDING_ITEMS = 4096
+    MAX_PENDING_BYTES = 16 * 1024 * 1024
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[dpb.DispatchToolCallStreamResponse] = asyncio.Queue()
+        self._outbox: deque[_Pending] = deque()
+        self._progress_of: dict[str, _Pending] = {}
+        self._item_count = 0
+        self._item_bytes = 0
+        # Set when something waits to be sent (or the RPC is told to look again).
+        self.ready = asyncio.Event()
+        self.superseded = 0
+        self.merged = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._outbox)
+
+    def _push(self, entry: _Pending) -> None:
+        self._outbox.append(entry)
+        self.ready.set()
 
     def progress(self, data: Mapping[str, Any]) -> None:
-        update = dpb.ProgressUpdate(
-            tool_use_id=str(data.get("tool_use_id", "")), message=str(data.get("message", ""))
-        )
-        if data.get("fraction") is not None:
-            update.fraction = float(data["fraction"])
-        if data.get("data"):
-            update.data_json = convert.dumps(data["data"])
-        self.queue.put_nowait(dpb.DispatchToolCallStreamResponse(progress=update))
+        key = str(data.get("tool_use_id", ""))
+        waiting = self._progress_of.get(key)
+        if waiting is not None:
+            self.superseded += 1
+            if self._outbox[-1] is waiting:  # the usual case in a flood: replace in place
+                waiting.data = data
+                return
+            self._outbox.remove(waiting)
+        entry = _Pending("progress", key, data)
+        self._progress_of[key] = entry
+        self._push(entry)
+
+    def text(self, data: Mapping[str, Any]) -> None:
+        key, chunk = str(data.get("tool_use_id", "")), str(data.get("text", ""))
+        tail = self._outbox[-1] if self._outbox else None
+        if (
+            tail is not None
+            and len(self._outbox) >= self.MERGE_AFTER
+            and tail.kind == "text"
+            and tail.key == key
+            and tail.size + len(chunk) <= self.MAX_TEXT_CHARS
+        ):
+            tail.parts.append(chunk)
+            tail.size += len(chunk)
+            self.merged += 1
+            return
+        entry = _Pending("text", key)
+        entry.parts.append(chunk)
+        entry.size = len(chunk)
+        self._push(entry)
 
     def card(self, data: Mapping[str, Any]) -> None:
         message = dpb.DispatchToolCallStreamResponse()
         message.card.update(dict(data))
-        self.queue.put_nowait(message)
-
-    def text(self, data: Mapping[str, Any]) -> None:
-        self.queue.put_nowait(
-            dpb.DispatchToolCallStreamResponse(
-                text_delta=dpb.TextDelta(
-                    tool_use_id=str(data.get("tool_use_id", "")), text=str(data.get("text", ""))
-                )
-            )
-        )
+        self._push_item(message, "card")
 
     def notice(self, data: Mapping[str, Any]) -> None:
-        self.queue.put_nowait(
-            dpb.DispatchToolCallStreamResponse(
-                export_ready=dpb.ExportReady(
-                    file_id=str(data.get("file_id", "")),
-                    filename=str(data.get("filename", "")),
-                    size_bytes=int(data.get("size_bytes") or 0),
-                    mime_type=str(data.get("mime_type", "")),
-                )
+        message = dpb.DispatchToolCallStreamResponse(
+            export_ready=dpb.ExportReady(
+                file_id=str(data.get("file_id", "")),
+                filename=str(data.get("filename", "")),
+                size_bytes=int(data.get("size_bytes") or 0),
+                mime_type=str(data.get("mime_type", "")),
             )
         )
+        self._push_item(message, "notice")
+
+    def _push_item(self, message: dpb.DispatchToolCallStreamResponse, kind: str) -> None:
+        size = message.ByteSize()
+        if (
+            self._item_count >= self.MAX_PENDING_ITEMS
+            or self._item_bytes + size > self.MAX_PENDING_BYTES
+        ):
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning(
+                    "streamed call: %d cards/export notices (%d bytes) wait for a slow client; "
+                    "further ones are left out of the stream (they are in the final result)",
+                    self._item_count,
+                    self._item_bytes,
+                )
+            return
+        entry = _Pending(kind)
+        entry.message = message
+        entry.size = size
+        self._item_count += 1
+        self._item_bytes += size
+        self._push(entry)
+
+    def pop(self) -> dpb.DispatchToolCallStreamResponse | None:
+        """The next message to send, None when nothing waits (`ready` is then cleared)."""
+        if not self._outbox:
+            self.ready.clear()
+            return None
+        entry = self._outbox.popleft()
+        if entry.kind == "progress":
+            del self._progress_of[entry.key]
+            assert entry.data is not None
+            return _progress_message(entry.data)
+        if entry.kind == "text":
+            return dpb.DispatchToolCallStreamResponse(
+                text_delta=dpb.TextDelta(tool_use_id=entry.key, text="".join(entry.parts))
+            )
+        self._item_count -= 1
+        self._item_bytes -= entry.size
+        assert entry.message is not None
+        return entry.message
 
 
 def _page_limit(requested: int, *, default: int, cap: int) -> int:
@@ -339,24 +460,38 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
     async def DispatchToolCallStream(
         self, request: dpb.DispatchToolCallStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[dpb.DispatchToolCallStreamResponse]:
+        """The call's progress, cards, text and export notices as they happen, then its result.
+        The call writes them to a CoalescingDisplay, which never makes it wait: a client that
+        reads slowly gets the latest progress rather than every one, and the call runs at its
+        own pace. A client that goes away (or whose deadline passes) stops the call."""
         ctx = self._call_context(context, request.context)
-        display = QueueDisplay()
+        outbox = CoalescingDisplay()
         stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
-            self._core.dispatch(request.tool_use, ctx, display=display, stop=stop)
+            self._core.dispatch(request.tool_use, ctx, display=outbox, stop=stop)
         )
+        task.add_done_callback(lambda _: outbox.ready.set())
         try:
-            while not task.done():
-                getter = asyncio.ensure_future(display.queue.get())
-                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
+            while True:
+                message = outbox.pop()
+                if message is not None:
+                    yield message
+                elif task.done():
+                    break
                 else:
-                    getter.cancel()
-            while not display.queue.empty():
-                yield display.queue.get_nowait()
+                    await outbox.ready.wait()
             yield dpb.DispatchToolCallStreamResponse(result=_outcome_to_pb(task.result()))
         finally:
+            if outbox.superseded or outbox.merged or outbox.dropped:
+                log = logger.warning if outbox.dropped else logger.debug
+                log(
+                    "streamed call %s: %d progress updates superseded, %d text deltas merged, "
+                    "%d cards/export notices left out of the stream",
+                    request.tool_use.id,
+                    outbox.superseded,
+                    outbox.merged,
+                    outbox.dropped,
+                )
             if not task.done():
                 # The client went away: stop the call (its handler is cancelled) and let the
                 # dispatcher log it as cancelled before this RPC ends.

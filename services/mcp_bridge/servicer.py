@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,8 @@ from shared.errors import InvalidArgument
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 TRANSPORTS = {mpb.TRANSPORT_STDIO: "stdio", mpb.TRANSPORT_STREAMABLE_HTTP: "streamable_http"}
 TRANSPORT_VALUES = {v: k for k, v in TRANSPORTS.items()}
@@ -115,6 +118,29 @@ def _result_pb(outcome: CallOutcome) -> pb.ToolResult:
     return convert.tool_result_to_pb(envelope_to_tool_result(outcome.envelope))
 
 
+class LatestProgress:
+    """The progress of one CallTool stream not yet sent: a single slot, as progress is a state.
+    An update replaces the one waiting (counted in `superseded`), so what waits is one update
+    whatever the server's rate and the caller's pace, and `put` never waits. Used on the event
+    loop only (the SDK runs progress callbacks there)."""
+
+    def __init__(self) -> None:
+        self._latest: ProgressUpdate | None = None
+        # Set when an update waits (or the stream should look again); cleared by the stream.
+        self.ready = asyncio.Event()
+        self.superseded = 0
+
+    def put(self, update: ProgressUpdate) -> None:
+        if self._latest is not None:
+            self.superseded += 1
+        self._latest = update
+        self.ready.set()
+
+    def take(self) -> ProgressUpdate | None:
+        update, self._latest = self._latest, None
+        return update
+
+
 class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
     def __init__(self, core: McpBridge) -> None:
         self._core = core
@@ -154,32 +180,47 @@ class McpBridgeServicer(mcp_bridge_pb2_grpc.McpBridgeServiceServicer):
     async def CallTool(
         self, request: mpb.CallToolRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[mpb.CallToolResponse]:
+        """The call's progress notifications as they arrive, then its result. The MCP SDK hands
+        each notification to the progress callback in a task of its own, so the callback must
+        never wait for the caller (a waiting callback would leave one task per notification):
+        it puts the update in a LatestProgress slot, and a caller that reads slowly gets the
+        latest update rather than every one (the last one always, before the result). A caller
+        that goes away (cancelled or deadline) cancels the request on the session."""
         arguments = _call_arguments(request)
-        # Progress updates and the end of the call arrive on one queue (None: the call is
-        # over), so waiting for the next message is a single await, with no waiter task.
-        events: asyncio.Queue[ProgressUpdate | None] = asyncio.Queue()
+        relay = LatestProgress()
 
         async def on_progress(update: ProgressUpdate) -> None:
-            events.put_nowait(update)
+            relay.put(update)
 
-        async def run() -> CallOutcome:
-            try:
-                return await self._core.call_tool(
-                    request.connection,
-                    request.tool,
-                    arguments,
-                    timeout_s=request.timeout_seconds,
-                    on_progress=on_progress,
-                )
-            finally:
-                events.put_nowait(None)
-
-        call = asyncio.ensure_future(run())
+        call = asyncio.ensure_future(
+            self._core.call_tool(
+                request.connection,
+                request.tool,
+                arguments,
+                timeout_s=request.timeout_seconds,
+                on_progress=on_progress,
+            )
+        )
+        call.add_done_callback(lambda _: relay.ready.set())
         try:
-            while (update := await events.get()) is not None:
-                yield _progress_pb(update)
+            while True:
+                relay.ready.clear()
+                update = relay.take()
+                if update is not None:
+                    yield _progress_pb(update)
+                elif call.done():
+                    break
+                else:
+                    await relay.ready.wait()
             outcome = call.result()
         finally:
+            if relay.superseded:
+                logger.debug(
+                    "CallTool %s/%s: %d progress notifications superseded before they were sent",
+                    request.connection,
+                    request.tool,
+                    relay.superseded,
+                )
             if not call.done():
                 # The caller went away (cancelled or deadline): cancel the call on the session.
                 call.cancel()

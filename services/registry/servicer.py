@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
 import os
 import re
 import socket
+import threading
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC
 from typing import Any
@@ -26,6 +29,8 @@ from shared.telemetry.stats import usage_stats
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(NAME_PATTERN)
 # A tool's own timeout: at most a day (0: the dispatcher's default).
@@ -285,6 +290,58 @@ class GrpcToolCaller:
         return result
 
 
+def _progress_message(report: Mapping[str, Any]) -> rpb.ExecuteToolStreamResponse:
+    message = rpb.ToolProgress(message=str(report.get("message", "")))
+    if "fraction" in report:
+        message.fraction = float(report["fraction"])
+    if report.get("data"):
+        message.data_json = convert.dumps(report["data"])
+    return rpb.ExecuteToolStreamResponse(progress=message)
+
+
+class LatestProgress:
+    """The progress sink of one streamed call: a single slot holding the latest report not yet
+    sent. Progress is a state, so a report replaces the one waiting (counted in `superseded`)
+    and the handler never waits for the caller, however slowly it reads; what waits is one
+    report, whatever the rate. `put` is safe from any thread (sync handlers run in worker
+    threads) and wakes the stream once per report taken, not once per report put, so a flood
+    from a thread does not flood the event loop with callbacks either."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._latest: Mapping[str, Any] | None = None
+        self._woken = False
+        # Set when a report waits (or the stream should look again); cleared by the stream.
+        self.ready = asyncio.Event()
+        self.superseded = 0
+
+    def put(self, report: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._latest is not None:
+                self.superseded += 1
+            self._latest = report
+            if self._woken:
+                return
+            self._woken = True
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self.ready.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                self._loop.call_soon_threadsafe(self.ready.set)
+
+    def take(self) -> Mapping[str, Any] | None:
+        """The latest report not yet taken, or None."""
+        with self._lock:
+            report, self._latest = self._latest, None
+            self._woken = False
+        return report
+
+
 class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     def __init__(
         self,
@@ -325,7 +382,10 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         self, request: rpb.ExecuteToolStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpb.ExecuteToolStreamResponse]:
         """ExecuteTool relaying the handler's progress reports as they happen, then the
-        result. When the caller goes away the generator is closed and the handler cancelled."""
+        result. The reports go through a LatestProgress slot: a caller that reads slowly gets
+        the latest report rather than every one (the last one always, before the result), and
+        the handler never waits for it. When the caller goes away the generator is closed and
+        the handler cancelled."""
         if not request.name:
             raise InvalidArgument("name is required", field_violations=[("name", "empty")])
         if len(request.input_json) > self._max_input_bytes:
@@ -338,32 +398,23 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         inputs = convert.parse_json_object(request.input_json, "input_json")
         convert.check_ids([("name", request.name), *convert.context_ids(request.context)])
         ctx = context_from_pb(request.context, request.name)
-        loop = asyncio.get_running_loop()
-        reports: asyncio.Queue[rpb.ExecuteToolStreamResponse] = asyncio.Queue()
-
-        def sink(report: Mapping[str, Any]) -> None:
-            message = rpb.ToolProgress(message=str(report.get("message", "")))
-            if "fraction" in report:
-                message.fraction = float(report["fraction"])
-            if report.get("data"):
-                message.data_json = convert.dumps(report["data"])
-            loop.call_soon_threadsafe(
-                reports.put_nowait, rpb.ExecuteToolStreamResponse(progress=message)
-            )
-
-        ctx.progress_sink = sink
+        relay = LatestProgress(asyncio.get_running_loop())
+        ctx.progress_sink = relay.put
         task = asyncio.create_task(self._core.execute(request.name, inputs, ctx))
+        task.add_done_callback(lambda _: relay.ready.set())
         try:
-            while not task.done():
-                getter = asyncio.ensure_future(reports.get())
-                await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
+            while True:
+                relay.ready.clear()
+                # Looked at before taking: a sync handler's last report (from its worker
+                # thread) happened before its task finished, so it is taken below.
+                finished = task.done()
+                report = relay.take()
+                if report is not None:
+                    yield _progress_message(report)
+                elif finished:
+                    break
                 else:
-                    getter.cancel()
-            await asyncio.sleep(0)  # reports a worker thread posted just before returning
-            while not reports.empty():
-                yield reports.get_nowait()
+                    await relay.ready.wait()
             execution = task.result()
             final = rpb.ExecuteToolStreamResponse()
             final.result.tool_type = convert.TOOL_TYPE_VALUES.get(execution.tool.tool_type, 0)
@@ -371,6 +422,12 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             convert.tool_result_into(final.result.result, execution.result)
             yield final
         finally:
+            if relay.superseded:
+                logger.debug(
+                    "ExecuteToolStream %s: %d progress reports superseded before they were sent",
+                    request.name,
+                    relay.superseded,
+                )
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task})

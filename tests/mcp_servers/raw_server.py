@@ -21,7 +21,10 @@ Options:
                       `notifications/tools/list_changed` (a server whose tools change while the
                       bridge is still registering the first listing)
 
-The `log` tool takes `logger` and `data` to send instead of its defaults.
+The `log` tool takes `logger` and `data` to send instead of its defaults. The `flood` tool sends
+`count` progress notifications (default 10,000) as fast as it can, each message padded to
+`pad` characters, then answers; with --marker-dir it writes `flood-<request id>` once the
+answer is written, so a test knows the whole flood has left the server.
 """
 
 from __future__ import annotations
@@ -106,6 +109,14 @@ BUILTIN_TOOLS: list[dict[str, Any]] = [
         "name": "progress",
         "description": "Send three progress notifications (when asked for them), then answer.",
         "inputSchema": {"type": "object"},
+    },
+    {
+        "name": "flood",
+        "description": "Send `count` progress notifications as fast as possible, then answer.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"count": {"type": "integer"}, "pad": {"type": "integer"}},
+        },
     },
     {
         "name": "a.very.long.tool.name.that.goes.on.and.on.past.the.sixty.four.character.limit",
@@ -198,6 +209,24 @@ class Server:
             send(notification)
         result(request_id, text(f"reloaded {len(self.extra)} tools"))
 
+    def flood(self, request_id: Any, params: dict[str, Any]) -> None:
+        arguments = params.get("arguments") or {}
+        token = (params.get("_meta") or {}).get("progressToken")
+        count = int(arguments.get("count", 10_000))
+        pad = "x" * int(arguments.get("pad", 0))
+        for step in range(1, count + 1) if token is not None else ():
+            notification = {"progressToken": token, "progress": step, "total": count}
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/progress",
+                    "params": {**notification, "message": f"flood {step} {pad}"},
+                }
+            )
+        result(request_id, text(f"flooded {count}" if token is not None else "no token"))
+        if self.marker is not None:
+            (self.marker / f"flood-{request_id}").write_text("")
+
     def call(self, request_id: Any, params: dict[str, Any]) -> None:
         name = params.get("name")
         arguments = params.get("arguments") or {}
@@ -267,6 +296,8 @@ class Server:
                     }
                 )
             result(request_id, text("done" if token is not None else "done, no token"))
+        elif name == "flood":
+            self.flood(request_id, params)
         else:
             for tool in self.extra:
                 if tool["name"] == name:
