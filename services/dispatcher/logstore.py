@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -85,12 +86,17 @@ class EventRecord:
 class StateWrite(Protocol):
     """A guardrail state update (loop guard, failed approach, observation) applied in the same
     transaction as the call's log rows: one statement and its parameters, so the writes of a
-    group commit run as one executemany per statement, in order."""
+    group commit run as one executemany per statement. `row_key` names the row it updates:
+    a group commit updates rows in the order of their statements' text and their keys, the
+    same order in every transaction, so two replicas' commits never wait for each other's rows
+    in opposite orders (a deadlock PostgreSQL would break by failing one of them)."""
 
     @property
     def statement(self) -> Executable: ...
 
     def params(self) -> dict[str, Any]: ...
+
+    def row_key(self) -> tuple[Any, ...]: ...
 
 
 @dataclass
@@ -397,6 +403,17 @@ class SqlCallLog:
                 return
 
     def _commit(self, records: Sequence[CallRecord]) -> BaseException | None:
+        for attempt in itertools.count(1):
+            failed = self._commit_once(records, retry=attempt < COMMIT_ATTEMPTS)
+            if failed is not _RETRY:
+                return failed
+            time.sleep(random.uniform(0.001, 0.01) * attempt)  # the writer thread: not the loop
+        raise AssertionError("unreachable")
+
+    def _commit_once(self, records: Sequence[CallRecord], *, retry: bool) -> Any:
+        """One transaction of `records`: None when committed, the error to answer with, or
+        _RETRY when the database aborted it to break a deadlock or a serialization conflict
+        with another replica's (rolled back whole, so it can run again) and `retry` allows."""
         try:
             with translate_db_errors(), self._engine.connect() as conn:
                 dbapi = self._engine.dialect.loaded_dbapi
@@ -409,6 +426,9 @@ class SqlCallLog:
                 except dbapi.Error as exc:
                     with contextlib.suppress(dbapi.Error):
                         dbapi_conn.rollback()
+                    if retry and getattr(exc, "sqlstate", None) in RETRYABLE_SQLSTATES:
+                        logger.info("call log commit retried: %s", first_line(exc, "conflict"))
+                        return _RETRY
                     if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
                         conn.invalidate()
                         raise Unavailable(
@@ -702,6 +722,12 @@ _EVENT_KEYS = (
     "blob_id",
     "created_at",
 )
+# A commit the database aborted to break a deadlock (40P01) or a serialization conflict
+# (40001) with another transaction is run again, up to this many attempts in all.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+COMMIT_ATTEMPTS = 5
+_RETRY = object()
+
 _INSERT_LOG = insert(_LOG)
 _INSERT_EVENTS = insert(_EVENTS)
 _INSERT_BLOB = insert(_BLOBS).returning(_BLOBS.c.id)
@@ -745,9 +771,9 @@ def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[Call
     prepared.get(_INSERT_LOG, _LOG_KEYS).execute_many(cursor, log_rows)
     if event_rows:
         prepared.get(_INSERT_EVENTS, _EVENT_KEYS).execute_many(cursor, event_rows)
-    # One executemany per statement (and, for an insert, per set of columns), in the order
-    # the statements first appear.
-    grouped: dict[tuple[int, tuple[str, ...] | None], list[dict[str, Any]]] = {}
+    # One executemany per statement (and, for an insert, per set of columns), the rows in one
+    # order for every transaction (StateWrite.row_key); a row written twice keeps its order.
+    grouped: dict[tuple[int, tuple[str, ...] | None], list[tuple[Any, dict[str, Any]]]] = {}
     statements: dict[tuple[int, tuple[str, ...] | None], Executable] = {}
     for record in records:
         for write in record.state_writes:
@@ -755,9 +781,24 @@ def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[Call
             keys = tuple(sorted(params)) if isinstance(write.statement, Insert) else None
             key = (id(write.statement), keys)
             statements[key] = write.statement
-            grouped.setdefault(key, []).append(params)
-    for key, rows in grouped.items():
-        prepared.get(statements[key], key[1]).execute_many(cursor, rows)
+            grouped.setdefault(key, []).append((write.row_key(), params))
+    for key in sorted(grouped, key=lambda k: (_statement_text(statements[k]), k[1] or ())):
+        rows = grouped[key]
+        if len(rows) > 1:
+            rows.sort(key=lambda row: row[0])
+        prepared.get(statements[key], key[1]).execute_many(cursor, [p for _, p in rows])
+
+
+# A state write's statement text, by the statement's id (statements are module constants; a
+# SQLAlchemy clause's == builds an expression, so it cannot be a cache key itself).
+_STATEMENT_TEXT: dict[int, str] = {}
+
+
+def _statement_text(statement: Executable) -> str:
+    text = _STATEMENT_TEXT.get(id(statement))
+    if text is None:
+        text = _STATEMENT_TEXT[id(statement)] = str(statement)
+    return text
 
 
 _CHECKPOINT = "checkpoint"

@@ -212,6 +212,9 @@ class LoopStateWrite:
 
     statement: ClassVar[TextClause] = _UPSERT_LOOP
 
+    def row_key(self) -> tuple[Any, ...]:
+        return (self.tenant_id, self.conversation_id)
+
     def params(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
@@ -235,6 +238,9 @@ class FailedApproachWrite:
 
     statement: ClassVar[TextClause] = _UPSERT_FAILED
 
+    def row_key(self) -> tuple[Any, ...]:
+        return (self.tenant_id, self.conversation_id, self.tool_name, self.identity)
+
     def params(self) -> dict[str, Any]:
         return {
             "tenant_id": self.tenant_id,
@@ -256,6 +262,9 @@ class ObservationWrite:
     tool_name: str
 
     statement: ClassVar[TextClause] = _UPSERT_OBSERVATION
+
+    def row_key(self) -> tuple[Any, ...]:
+        return (self.tenant_id, self.user_id, self.rule_id)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -381,7 +390,7 @@ class _Counting:
                     "window": window_start(now_s, rule.window_s),
                 },
             )
-            for rule in rules
+            for rule in sorted(rules, key=lambda r: r.id)  # one lock order in every replica
         ]
         prune = []
         if rules and random.random() < PRUNE_PROBABILITY:

@@ -149,6 +149,9 @@ class BrokenWrite:
     def params(self) -> dict[str, Any]:
         return {"x": 1}
 
+    def row_key(self) -> tuple[Any, ...]:
+        return (1,)
+
 
 async def test_a_failing_write_leaves_no_rows_and_the_log_keeps_serving(
     log: SqlCallLog, engine: Engine
@@ -361,3 +364,93 @@ def test_coming_writes_tell_recent_calls_from_old_ones() -> None:
     assert coming.any_recent(10.0)
     coming.end(old)
     assert not coming.any_recent(10.0)
+
+
+def _without_time(row: Any) -> Any:
+    if isinstance(row, dict):
+        return {k: v for k, v in row.items() if k != "now"}
+    return tuple(v for v in row if not isinstance(v, str) or not v.startswith("20"))
+
+
+class _Recording:
+    """A DB-API cursor that records what is executed (and answers a RETURNING with an id)."""
+
+    def __init__(self) -> None:
+        self.executed: list[tuple[str, list[Any]]] = []
+
+    def execute(self, sql: str, params: Any) -> _Recording:
+        self.executed.append((sql, [params]))
+        return self
+
+    def executemany(self, sql: str, rows: list[Any]) -> None:
+        self.executed.append((sql, list(rows)))
+
+    def fetchone(self) -> tuple[int]:
+        return (1,)
+
+
+def test_a_group_commit_updates_state_rows_in_one_order_whatever_the_calls_order(
+    engine: Engine,
+) -> None:
+    """Two replicas' group commits upserted the same observation rows in opposite orders
+    (each in its calls' order) and PostgreSQL broke the deadlock by failing one commit: the
+    calls of that group were answered UNAVAILABLE though their tools had run."""
+    from services.dispatcher.logstore import _insert_records
+    from services.dispatcher.statestore import ObservationWrite
+    from shared.db.prepared import PreparedCache
+
+    def upserts(users: list[str]) -> list[tuple[str, list[Any]]]:
+        records = [
+            record(f"toolu_{u}", state_writes=[ObservationWrite("t1", u, 7, "query")])
+            for u in users
+        ]
+        records[0].state_writes.append(
+            LoopStateWrite("t1", "c1", LoopState(1, "h", 1))
+        )
+        cursor = _Recording()
+        _insert_records(cursor, PreparedCache(engine.dialect), records)
+        # What identifies each row: its parameters but the time of the write.
+        return [
+            (sql, [_without_time(row) for row in rows])
+            for sql, rows in cursor.executed
+            if "ON CONFLICT" in sql
+        ]
+
+    one, other = upserts(["u2", "u0", "u1"]), upserts(["u1", "u2", "u0"])
+    assert [sql for sql, _ in one] == [sql for sql, _ in other]
+    assert one == other  # the same statements, the same rows, in the same order
+
+
+async def test_a_commit_the_database_aborts_to_break_a_deadlock_is_run_again(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """A deadlock or serialization failure aborts the whole transaction, so it can run again;
+    answering UNAVAILABLE lost the log of calls whose tools had run."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no deadlock detection: one writer at a time")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SEQUENCE IF NOT EXISTS deadlock_once"))
+        conn.execute(
+            text(
+                "CREATE OR REPLACE FUNCTION deadlock_once() RETURNS int AS $$ BEGIN "
+                "IF nextval('deadlock_once') = 1 THEN "
+                "RAISE EXCEPTION 'deadlock (test)' USING ERRCODE = '40P01'; END IF; "
+                "RETURN 1; END $$ LANGUAGE plpgsql"
+            )
+        )
+
+    class DeadlockOnce:
+        statement: ClassVar[TextClause] = text("SELECT deadlock_once()")
+
+        def params(self) -> dict[str, Any]:
+            return {}
+
+        def row_key(self) -> tuple[Any, ...]:
+            return ()
+
+    call_log = SqlCallLog(sessions)
+    try:
+        await call_log.write(record("toolu_retried", state_writes=[DeadlockOnce()]))
+    finally:
+        call_log.close()
+    assert len(log_rows(engine, tool_use_id="toolu_retried")) == 1  # once, not twice
