@@ -74,7 +74,11 @@ async def serve(settings: Settings, port: int) -> None:
         port=port,
         tracing=settings.tracing,
         max_in_flight=settings.max_in_flight,
-        auth=mesh_auth(settings.api_keys_file, admin_methods=("DeriveTier0", "UpsertModelConfig")),
+        # GetWorkingSet names no tenant, so it shows every tenant's working set: operators only.
+        auth=mesh_auth(
+            settings.api_keys_file,
+            admin_methods=("DeriveTier0", "UpsertModelConfig", "GetWorkingSet"),
+        ),
     )
     rederive = asyncio.ensure_future(
         _rederive_periodically(core, settings.surface_derive_interval_s)

@@ -10,6 +10,7 @@ search index precomputed, and the floor for `floor_ttl_s`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -21,6 +22,8 @@ from typing import Any, Protocol
 from opentelemetry import trace
 
 from services.surface.assembly import (
+    AGENTIC_ONLY,
+    DELEGATE_EXCLUDED,
     MAX_TOOL_SURFACE,
     MODES,
     CatalogTool,
@@ -77,7 +80,7 @@ class Catalog:
     records: list[ToolRecord]
     index: SearchIndex
     missing_vectors: int = 0
-    allowed: dict[tuple[str, frozenset[str]], frozenset[str]] = field(default_factory=dict)
+    allowed: dict[tuple[str, frozenset[str], str], frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -338,7 +341,11 @@ class SurfaceCore:
         self._state.models[model] = _Cached(self._clock() + MODEL_CACHE_TTL_S, cfg)
         return cfg
 
-    async def _compose(self, caller: Caller, *, enforce_budget: bool) -> tuple[Surface, Catalog]:
+    async def _compose(
+        self, caller: Caller, *, enforce_budget: bool
+    ) -> tuple[Surface, Catalog, Callable[[list[str]], Surface]]:
+        """The caller's surface, the catalog snapshot it was composed from, and the same
+        composition for another working set (search_tools' budget check under the lock)."""
         if caller.mode not in MODES:
             raise InvalidArgument(
                 f"mode must be one of {', '.join(MODES)}", field_violations=[("mode", "unknown")]
@@ -347,61 +354,81 @@ class SurfaceCore:
         floor = await self.resolve_floor_names()
         working = (
             await asyncio.to_thread(
-                self._store.working_set, caller.conversation_id, caller.namespace_id
+                self._store.working_set,
+                caller.conversation_id,
+                caller.namespace_id,
+                caller.tenant_id,
             )
             if caller.conversation_id
             else []
         )
         cfg = await self._model(caller.model)
-        surface = compose(
-            mode=caller.mode,
-            floor=floor,
-            working_set=working,
-            catalog=catalog.tools,
-            tenant_id=caller.tenant_id,
-            capabilities=caller.capabilities,
-            model_capabilities=cfg.capabilities if cfg is not None else (),
-            provider=cfg.provider if cfg is not None else "",
-            enforce_budget=enforce_budget,
-        )
+
+        def for_working_set(names: list[str], *, enforce: bool = False) -> Surface:
+            return compose(
+                mode=caller.mode,
+                floor=floor,
+                working_set=names,
+                catalog=catalog.tools,
+                tenant_id=caller.tenant_id,
+                capabilities=caller.capabilities,
+                model_capabilities=cfg.capabilities if cfg is not None else (),
+                provider=cfg.provider if cfg is not None else "",
+                enforce_budget=enforce,
+            )
+
+        surface = for_working_set(working, enforce=enforce_budget)
         fresh = [n for n in surface.skipped if n not in self._state.logged_missing]
         if fresh:
             self._state.logged_missing.update(fresh)
             logger.info("surface skips names the caller's catalog lacks: %s", fresh)
-        return surface, catalog
+        return surface, catalog, for_working_set
 
     async def assemble(self, caller: Caller) -> Surface:
         if not caller.tenant_id:
             raise InvalidArgument(
                 "tenant_id is required", field_violations=[("tenant_id", "must not be empty")]
             )
-        surface, _ = await self._compose(caller, enforce_budget=True)
+        surface, _, _ = await self._compose(caller, enforce_budget=True)
         span = trace.get_current_span()
         span.set_attribute("toolmesh.surface.size", len(surface.tools))
         span.set_attribute("toolmesh.surface.mode", caller.mode)
         return surface
 
-    async def working_set(self, conversation_id: str, namespace_id: str) -> list[str]:
+    async def working_set(
+        self, conversation_id: str, namespace_id: str, tenant_id: str | None = None
+    ) -> list[str]:
+        """A conversation namespace's working set: what `tenant_id` paged in, or (None: the
+        operator's view) what every tenant did."""
         if not conversation_id:
             raise InvalidArgument(
                 "conversation_id is required",
                 field_violations=[("conversation_id", "must not be empty")],
             )
-        return await asyncio.to_thread(self._store.working_set, conversation_id, namespace_id)
+        return await asyncio.to_thread(
+            self._store.working_set, conversation_id, namespace_id, tenant_id
+        )
 
     # --- search -------------------------------------------------------------------------------
 
     def _allowed(self, catalog: Catalog, caller: Caller) -> frozenset[str]:
-        """Names the caller may be offered, cached per catalog snapshot and caller kind."""
-        key = (caller.tenant_id, caller.capabilities)
+        """Names the caller may be offered, cached per catalog snapshot and caller kind: usable
+        by the caller and not kept out of the caller's mode (a tool the mode never shows, like
+        `plan` outside agentic mode, would be paged in and never seen)."""
+        key = (caller.tenant_id, caller.capabilities, caller.mode)
         names = catalog.allowed.get(key)
         if names is None:
             if len(catalog.allowed) > MAX_ALLOWED_CACHE:
                 catalog.allowed.clear()
+            excluded: frozenset[str] = frozenset()
+            if caller.mode != "agentic":
+                excluded = AGENTIC_ONLY | (
+                    DELEGATE_EXCLUDED if caller.mode == "delegate" else frozenset()
+                )
             names = frozenset(
                 n
                 for n, t in catalog.tools.items()
-                if t.usable_by(caller.tenant_id, caller.capabilities)
+                if n not in excluded and t.usable_by(caller.tenant_id, caller.capabilities)
             )
             catalog.allowed[key] = names
         return names
@@ -434,33 +461,46 @@ class SurfaceCore:
             asyncio.to_thread(catalog.index.search, query, limit, allowed)
         )
         try:
-            surface, _ = await self._compose(caller, enforce_budget=False)
+            surface, _, for_working_set = await self._compose(caller, enforce_budget=False)
         finally:
             matches = await ranking
         on_surface = set(surface.names)
         already = [m.name for m in matches if m.name in on_surface]
         wanted = [m.name for m in matches if m.name not in on_surface]
-        room = max(0, MAX_TOOL_SURFACE - len(on_surface))
+        in_use = [len(on_surface)]
+
+        def room(current: list[str]) -> int:
+            # Under the namespace's lock, on the working set as it is now: another search of
+            # the conversation may have paged tools in since this one composed the surface.
+            in_use[0] = len(for_working_set(current).tools)
+            return MAX_TOOL_SURFACE - in_use[0]
+
         refusal = ""
-        if len(wanted) > room:
-            refused = wanted[room:]
-            wanted = wanted[:room]
-            refusal = (
-                f"the tool surface is at its budget of {MAX_TOOL_SURFACE} tools "
-                f"({len(on_surface)} in use), so {', '.join(refused)} could not be added; "
-                "use the tools already available or continue in a new conversation"
-            )
         added: list[str] = []
         if wanted:
             floor = frozenset(await self.resolve_floor_names())
-            added = await asyncio.to_thread(
-                self._store.page_in,
-                caller.conversation_id,
-                caller.namespace_id,
-                wanted,
-                floor,
-                self._now(),
+            result = await asyncio.to_thread(
+                functools.partial(
+                    self._store.page_in_checked,
+                    caller.conversation_id,
+                    caller.namespace_id,
+                    wanted,
+                    floor,
+                    self._now(),
+                    tenant_id=caller.tenant_id,
+                    room=room,
+                )
             )
+            added = result.added
+            # A name another search of the conversation paged in meanwhile is there already.
+            late = set(wanted) - set(added) - set(result.refused)
+            already += [n for n in wanted if n in late]
+            if result.refused:
+                refusal = (
+                    f"the tool surface is at its budget of {MAX_TOOL_SURFACE} tools "
+                    f"({in_use[0]} in use), so {', '.join(result.refused)} could not be added; "
+                    "use the tools already available or continue in a new conversation"
+                )
         span = trace.get_current_span()
         span.set_attribute("toolmesh.search.matches", len(matches))
         span.set_attribute("toolmesh.search.paged_in", len(added))

@@ -140,6 +140,15 @@ class WordPiece:
             start = end
         return ids
 
+    def known_words(self, text: str) -> list[str]:
+        """The words of `text` the vocabulary holds whole (not spelled out in word pieces, not
+        unknown, not punctuation): what the model can read meaning into."""
+        return [
+            w
+            for w in self._basic(text)
+            if w in self.ids and not _is_punctuation(w[0]) and not w.startswith("[")
+        ]
+
     def encode(self, text: str, max_tokens: int = MAX_TOKENS) -> list[int]:
         ids = [i for word in self._basic(text) for i in self._pieces(word)]
         return [self.cls, *ids[: max_tokens - 2], self.sep]
@@ -158,17 +167,22 @@ def read_safetensors(path: Path, *, mapped: bool = False) -> dict[str, npt.NDArr
             raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     else:
         raw = path.read_bytes()
-    (header_len,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + header_len])
-    base = 8 + header_len
-    out: dict[str, npt.NDArray[np.float32]] = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] != "F32":
-            continue
-        begin, end = info["data_offsets"]
-        arr = np.frombuffer(raw, dtype="<f4", count=(end - begin) // 4, offset=base + begin)
-        arr = arr.reshape(info["shape"])
-        out[name] = arr if mapped else arr.astype(np.float32)
+    # A damaged file (truncated, overwritten) is a ValueError, which load_embedder turns into
+    # lexical-only search with a warning, whatever part of the layout it breaks.
+    try:
+        (header_len,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + header_len])
+        base = 8 + header_len
+        out: dict[str, npt.NDArray[np.float32]] = {}
+        for name, info in header.items():
+            if name == "__metadata__" or info["dtype"] != "F32":
+                continue
+            begin, end = info["data_offsets"]
+            arr = np.frombuffer(raw, dtype="<f4", count=(end - begin) // 4, offset=base + begin)
+            arr = arr.reshape(info["shape"])
+            out[name] = arr if mapped else arr.astype(np.float32)
+    except (struct.error, AttributeError, TypeError, KeyError, IndexError) as exc:
+        raise ValueError(f"{path} is not a readable safetensors file: {exc!r}") from exc
     return out
 
 
@@ -248,6 +262,10 @@ class MiniLM:
 
     def _forward(self, batch: list[list[int]]) -> Vectors:
         raise NotImplementedError
+
+    def known_words(self, text: str) -> list[str]:
+        """The words of `text` the model knows whole (see WordPiece.known_words)."""
+        return self.tokenizer.known_words(text)
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
@@ -746,4 +764,7 @@ def decode_vector(blob: bytes | None, model_id: str, dim: int) -> npt.NDArray[np
     tag, sep, data = bytes(blob).partition(b"\0")
     if not sep or tag != model_id.encode() or len(data) != dim * 4:
         return None
-    return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    vector = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if not np.isfinite(vector).all():
+        return None  # NaN or infinity would poison every score it is fused into
+    return vector

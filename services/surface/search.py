@@ -262,6 +262,14 @@ class SearchIndex:
                 self._query_cache.popitem(last=False)
         return vec
 
+    def _meaningful(self, query: str) -> bool:
+        """Whether the query holds a content word the embedder can read: a word its vocabulary
+        holds whole, stop words aside (an embedder that cannot tell: any lexical term)."""
+        known = getattr(self._embedder, "known_words", None)
+        if not callable(known):
+            return bool(terms(query))
+        return any(w not in STOPWORDS for w in known(query))
+
     def search(
         self,
         query: str,
@@ -277,6 +285,11 @@ class SearchIndex:
         mask = self._mask(allowed)
         lexical = self.bm25(query)
         relevant = lexical > 0
+        if self.hybrid and not lexical_only and not relevant.any() and not self._meaningful(query):
+            # No word of the query occurs in any tool and the model knows none of them either
+            # ("???", "the a of", "asdfghjkl", emoji): its embedding is noise, and ranking by
+            # it would page in arbitrary tools.
+            return []
         if self.hybrid and not lexical_only:
             assert self._vectors is not None
             semantic = self._vectors @ self._query_vector(query)

@@ -5,12 +5,13 @@ tool_execution_log (read-only); owns working_set_entries, surface_misses and see
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection, Engine, Table, bindparam, case, func, select, update
+from sqlalchemy import Connection, Engine, Table, bindparam, case, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +27,24 @@ from shared.db.models import (
 
 _WORKING_SET = cast(Table, WorkingSetEntryRow.__table__)
 _MISSES = cast(Table, SurfaceMissRow.__table__)
+
+
+def _once(names: Iterable[str]) -> list[str]:
+    """`names` in order, each once (a tool paged in by a tenant and, before working sets were
+    per tenant, with no tenant recorded, is one entry)."""
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class PageIn:
+    """What a page-in did: the names it added, and those it refused for want of room."""
+
+    added: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+# Given the working set as it is inside the page-in's transaction, how many more tools fit.
+RoomCheck = Callable[[list[str]], int]
 
 
 @dataclass(frozen=True)
@@ -51,9 +70,15 @@ class SurfaceStore(Protocol):
     def load_catalog(self) -> list[ToolRecord]: ...
     def embedded_ids(self) -> set[int]: ...
     def save_embeddings(self, items: Sequence[tuple[int, int, bytes]]) -> int: ...
-    def working_set(self, conversation_id: str, namespace_id: str) -> list[str]: ...
+    def working_set(
+        self, conversation_id: str, namespace_id: str, tenant_id: str | None = None
+    ) -> list[str]: ...
     def add_to_working_set(
-        self, conversation_id: str, namespace_id: str, names: Sequence[str]
+        self,
+        conversation_id: str,
+        namespace_id: str,
+        names: Sequence[str],
+        tenant_id: str | None = None,
     ) -> list[str]: ...
     def record_misses(self, names: Iterable[str], now: datetime) -> None: ...
     def page_in(
@@ -64,6 +89,17 @@ class SurfaceStore(Protocol):
         floor: frozenset[str],
         now: datetime,
     ) -> list[str]: ...
+    def page_in_checked(
+        self,
+        conversation_id: str,
+        namespace_id: str,
+        names: Sequence[str],
+        floor: frozenset[str],
+        now: datetime,
+        *,
+        tenant_id: str | None = None,
+        room: RoomCheck | None = None,
+    ) -> PageIn: ...
     def usage_counts(self, now: datetime) -> dict[str, BucketCounts]: ...
     def miss_counts(self, now: datetime) -> dict[str, BucketCounts]: ...
     def read_seed(self, key: str) -> str | None: ...
@@ -81,6 +117,8 @@ class SqlSurfaceStore:
         self._engine = engine
         insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         w = _WORKING_SET
+        # Every tenant's entries (an admin's view), and one tenant's (with the rows written
+        # before working sets were per tenant, tenant_id '').
         self._read_working_set = (
             select(w.c.tool_name)
             .where(
@@ -88,6 +126,9 @@ class SqlSurfaceStore:
                 w.c.namespace_id == bindparam("namespace_id"),
             )
             .order_by(w.c.id)
+        )
+        self._read_tenant_working_set = self._read_working_set.where(
+            w.c.tenant_id.in_([bindparam("tenant_id"), ""])
         )
         self._insert_working_set = insert(w).on_conflict_do_nothing().returning(w.c.tool_name)
         m = _MISSES
@@ -174,23 +215,36 @@ class SqlSurfaceStore:
     # the ORM session's unit of work and per-call statement compilation cost more than the
     # database itself.
 
-    def working_set(self, conversation_id: str, namespace_id: str) -> list[str]:
+    def working_set(
+        self, conversation_id: str, namespace_id: str, tenant_id: str | None = None
+    ) -> list[str]:
+        """The tool names of a conversation namespace's working set, in page-in order: those
+        `tenant_id` paged in (and those written with no tenant recorded, before working sets
+        were per tenant); every tenant's when it is None."""
         with translate_db_errors(), self._engine.connect() as conn:
-            return list(
-                conn.execute(
-                    self._read_working_set,
-                    {"conversation_id": conversation_id, "namespace_id": namespace_id},
-                ).scalars()
-            )
+            return self._read(conn, conversation_id, namespace_id, tenant_id)
+
+    def _read(
+        self, conn: Connection, conversation_id: str, namespace_id: str, tenant_id: str | None
+    ) -> list[str]:
+        key = {"conversation_id": conversation_id, "namespace_id": namespace_id}
+        if tenant_id is None:
+            return _once(conn.execute(self._read_working_set, key).scalars())
+        key["tenant_id"] = tenant_id
+        return _once(conn.execute(self._read_tenant_working_set, key).scalars())
 
     def add_to_working_set(
-        self, conversation_id: str, namespace_id: str, names: Sequence[str]
+        self,
+        conversation_id: str,
+        namespace_id: str,
+        names: Sequence[str],
+        tenant_id: str | None = None,
     ) -> list[str]:
         """Add names (idempotent under concurrent replicas); returns those newly added."""
         if not names:
             return []
         with translate_db_errors(), self._engine.begin() as conn:
-            return self._add(conn, conversation_id, namespace_id, names)
+            return self._add(conn, conversation_id, namespace_id, names, tenant_id)
 
     def page_in(
         self,
@@ -203,22 +257,69 @@ class SqlSurfaceStore:
         """search_tools' write in one transaction of two statements: add names to the working
         set and count a surface miss for each newly added name outside `floor`. Returns the
         names added."""
+        return self.page_in_checked(conversation_id, namespace_id, names, floor, now).added
+
+    def page_in_checked(
+        self,
+        conversation_id: str,
+        namespace_id: str,
+        names: Sequence[str],
+        floor: frozenset[str],
+        now: datetime,
+        *,
+        tenant_id: str | None = None,
+        room: RoomCheck | None = None,
+    ) -> PageIn:
+        """page_in for `tenant_id`, within the budget: with `room`, the page-in holds the
+        namespace's lock (concurrent page-ins into one namespace, on any replica, run one after
+        the other), reads the working set, asks `room` how many more tools fit, and adds at
+        most that many of the names not in it yet; the others are refused."""
         if not names:
-            return []
+            return PageIn()
         with translate_db_errors(), self._engine.begin() as conn:
-            added = self._add(conn, conversation_id, namespace_id, names)
+            unique = list(dict.fromkeys(names))
+            refused: list[str] = []
+            if room is not None:
+                self._lock_namespace(conn, conversation_id, namespace_id)
+                current = self._read(conn, conversation_id, namespace_id, tenant_id)
+                present = set(current)
+                new = [n for n in unique if n not in present]
+                fits = max(0, room(current))
+                unique, refused = new[:fits], new[fits:]
+            added = self._add(conn, conversation_id, namespace_id, unique, tenant_id)
             self._misses(conn, [n for n in added if n not in floor], now)
-        return added
+        return PageIn(added, refused)
+
+    def _lock_namespace(self, conn: Connection, conversation_id: str, namespace_id: str) -> None:
+        """Serialise page-ins into one conversation namespace until the transaction ends:
+        PostgreSQL's transaction-scoped advisory lock on a hash of the key; on SQLite a first
+        write takes the database's write lock (WAL: one writer at a time)."""
+        if self._engine.dialect.name == "postgresql":
+            digest = hashlib.sha256(
+                f"working_set\0{conversation_id}\0{namespace_id}".encode("utf-8", "replace")
+            ).digest()
+            key = int.from_bytes(digest[:8], "big", signed=True)
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        else:
+            conn.execute(_WORKING_SET.delete().where(_WORKING_SET.c.id < 0))
 
     def _add(
-        self, conn: Connection, conversation_id: str, namespace_id: str, names: Sequence[str]
+        self,
+        conn: Connection,
+        conversation_id: str,
+        namespace_id: str,
+        names: Sequence[str],
+        tenant_id: str | None = None,
     ) -> list[str]:
         """One INSERT .. ON CONFLICT DO NOTHING RETURNING: the names it returns are the ones
         this call added (a name another replica added first is not returned)."""
         unique = list(dict.fromkeys(names))
+        if not unique:
+            return []
         created = datetime.now(UTC)
         rows = [
             {
+                "tenant_id": tenant_id or "",
                 "conversation_id": conversation_id,
                 "namespace_id": namespace_id,
                 "tool_name": n,

@@ -395,12 +395,17 @@ class McpConnectionRow(Base):
 
 
 class WorkingSetEntryRow(Base):
-    """working_set_entries: tools search_tools paged into a conversation namespace; sticky for
-    the rest of the conversation, read by every surface replica."""
+    """working_set_entries: tools search_tools paged into a tenant's conversation namespace;
+    sticky for the rest of the conversation, read by every surface replica."""
 
     __tablename__ = "working_set_entries"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # The tenant that paged the tool in; '' for rows written before working sets were per
+    # tenant (shown to every tenant of the conversation).
+    tenant_id: Mapped[str] = mapped_column(
+        String(128), nullable=False, default="", server_default=""
+    )
     conversation_id: Mapped[str] = mapped_column(String(128), nullable=False)
     namespace_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
     tool_name: Mapped[str] = mapped_column(String(128), nullable=False)
@@ -408,7 +413,11 @@ class WorkingSetEntryRow(Base):
 
     __table_args__ = (
         UniqueConstraint(
-            "conversation_id", "namespace_id", "tool_name", name="uq_working_set_entries_key"
+            "tenant_id",
+            "conversation_id",
+            "namespace_id",
+            "tool_name",
+            name="uq_working_set_entries_key",
         ),
     )
 

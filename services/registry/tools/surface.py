@@ -13,7 +13,16 @@ import grpc
 from services.registry.context import ToolContext
 from services.registry.servicer import context_to_pb
 from shared.clients import open_channel, traced_call
-from shared.contract import Err, Ok, ToolResult, Warning, envelope_to_tool_result, migrate_tool
+from shared.contract import (
+    Err,
+    HintException,
+    Ok,
+    ToolResult,
+    Warning,
+    envelope_to_tool_result,
+    migrate_tool,
+)
+from shared.errors import InvalidArgument, ToolmeshError
 from toolmesh.surface.v1 import surface_pb2 as spb
 from toolmesh.surface.v1 import surface_pb2_grpc
 
@@ -47,14 +56,27 @@ async def search_tools(inputs: dict[str, Any], context: ToolContext) -> ToolResu
         limit=int(inputs.get("limit") or 0),
         context=context_to_pb(context),
     )
-    response: spb.SearchToolsResponse = await traced_call(
-        _stub(address).SearchTools,
-        request,
-        span_name="toolmesh.surface.v1.SurfaceService/SearchTools",
-        peer_service="surface",
-        timeout=SEARCH_TIMEOUT_S,
-        tracing=settings.tracing if settings is not None else True,
-    )
+    try:
+        response: spb.SearchToolsResponse = await traced_call(
+            _stub(address).SearchTools,
+            request,
+            span_name="toolmesh.surface.v1.SurfaceService/SearchTools",
+            peer_service="surface",
+            timeout=SEARCH_TIMEOUT_S,
+            tracing=settings.tracing if settings is not None else True,
+        )
+    except InvalidArgument as exc:
+        fields = {f for f, _ in exc.field_violations}
+        if fields & {"query", "limit"}:
+            # The model's own input (a blank query, say): a correction it can make.
+            raise HintException("schema", exc.message) from None
+        return envelope_to_tool_result(
+            Err(f"search_tools cannot run: {exc.message}", err_kind=exc.reason.lower())
+        )
+    except ToolmeshError as exc:
+        return envelope_to_tool_result(
+            Err(f"search_tools failed: {exc.message}", err_kind=exc.reason.lower())
+        )
     matches = [
         {"name": m.name, "score": round(m.score, 3), "description": m.description}
         for m in response.matches
