@@ -404,9 +404,7 @@ def test_a_group_commit_updates_state_rows_in_one_order_whatever_the_calls_order
             record(f"toolu_{u}", state_writes=[ObservationWrite("t1", u, 7, "query")])
             for u in users
         ]
-        records[0].state_writes.append(
-            LoopStateWrite("t1", "c1", LoopState(1, "h", 1))
-        )
+        records[0].state_writes.append(LoopStateWrite("t1", "c1", LoopState(1, "h", 1)))
         cursor = _Recording()
         _insert_records(cursor, PreparedCache(engine.dialect), records)
         # What identifies each row: its parameters but the time of the write.
