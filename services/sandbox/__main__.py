@@ -27,6 +27,7 @@ from shared.server import (
 )
 from shared.service_main import announce_ready, freeze_startup_heap, service_main
 from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.telemetry.usage import SqlUsageLog
 from toolmesh.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 SERVICE = "sandbox"
@@ -64,6 +65,7 @@ async def serve(settings: Settings, port: int) -> None:
         llm_clients.for_role,
         lease_s=settings.sandbox_job_lease_s,
         max_attempts=settings.sandbox_job_max_attempts,
+        usage=SqlUsageLog(sessions),
     )
     workers = JobWorkers(pipeline, count=settings.sandbox_job_workers)
     # Execute is the registry's (an admin key); the tool and job RPCs scope tenants in the

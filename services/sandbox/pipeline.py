@@ -5,6 +5,13 @@
            ──▶ approved | rejected (bad output, failing tests, a reject verdict)
              | failed (no LLM, the database or the sandbox is down)
 
+An LLM call that fails transiently (rate limit, overload, timeout, a broken or malformed
+response: already retried by shared.llm within its deadline) puts the job back in the queue
+after a backoff while it has claims left (`max_attempts`); after its last claim, or at once on a
+permanent failure (credentials, unknown model, prompt too long), the job is `failed` with the
+reason, the stage and the attempts. Every LLM reply is priced into the job's `cost_usd` (also
+when the reply turns out unusable) and recorded in `usage_log` under the job's tenant.
+
 Workers claim jobs safely when several run at once (see SqlSandboxRepository.claim_job). A
 claim is a lease the worker renews while it works (every third of `lease_s`); a job whose worker
 died is claimed again once its lease expires, at most `max_attempts` times, then `failed`. A
@@ -36,20 +43,105 @@ from services.sandbox.repository import (
     LeaseLost,
     SqlSandboxRepository,
 )
-from shared.errors import InvalidArgument, ToolmeshError
-from shared.llm.client import LLMClient
+from shared.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    ToolmeshError,
+    Unavailable,
+)
+from shared.llm.client import LLMClient, LLMReply
 from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
 from shared.llm.prompts import TOOL_AUDITOR_SYSTEM, TOOL_BUILDER_SYSTEM
-from shared.telemetry.tracing import tracer
+from shared.telemetry.tracing import current_trace_id, tracer
+from shared.telemetry.usage import UsageEntry, UsageLog
 
 logger = logging.getLogger(__name__)
 
 MAX_TESTS = 6
 LlmForRole = Callable[[str], LLMClient]
+# Waiting before a job whose LLM call failed transiently is queued again: this times 2^(claim-1),
+# at most MAX_RETRY_BACKOFF_S, or the provider's retry-after when it is longer (within the cap).
+DEFAULT_RETRY_BACKOFF_S = 5.0
+MAX_RETRY_BACKOFF_S = 60.0
 
 
 class BuildRejected(Exception):
     """The built tool is not acceptable; the message is the rejection reason."""
+
+
+class LlmStageFailed(Exception):
+    """An LLM call of a job's stage failed (after shared.llm's own retries)."""
+
+    def __init__(self, stage: str, error: ToolmeshError) -> None:
+        super().__init__(f"{stage}: {error.message}")
+        self.stage = stage
+        self.error = error
+
+    @property
+    def transient(self) -> bool:
+        return isinstance(self.error, Unavailable | DeadlineExceeded | ResourceExhausted)
+
+
+@dataclass
+class JobSpend:
+    """What a job's LLM calls cost, counted as each reply arrives (and recorded once)."""
+
+    job: Job | None = None
+    usage: UsageLog | None = None
+    usd: float = 0.0
+    calls: int = 0
+
+    async def add(self, reply: LLMReply, role: str) -> None:
+        self.usd += reply.cost_usd
+        self.calls += 1
+        if self.usage is None or self.job is None:
+            return
+        entry = UsageEntry(
+            tenant_id=self.job.tenant_id,
+            tool_name=role,
+            kind="llm",
+            cost_usd=reply.cost_usd,
+            conversation_id=self.job.conversation_id or "",
+            tool_use_id=f"job:{self.job.id}",
+            trace_id=current_trace_id(),
+            provider=reply.provider,
+            model=reply.model,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            cache_read_tokens=reply.usage.cache_read_tokens,
+            cache_write_tokens=reply.usage.cache_write_tokens,
+        )
+        try:
+            await asyncio.to_thread(self.usage.record, entry)
+        except ToolmeshError as exc:  # the job still reports it in its cost_usd
+            logger.warning("build job %s: cannot record LLM usage: %s", self.job.id, exc.message)
+
+
+async def _ask(
+    llm: LlmForRole,
+    role: str,
+    stage: str,
+    spend: JobSpend,
+    messages: list[dict[str, Any]],
+    system: str,
+) -> LLMReply:
+    """One LLM call of a stage: priced into `spend` the moment it answers; a refused or cut
+    answer is a rejection that says so; a failed call an LlmStageFailed."""
+    try:
+        reply = await llm(role).complete(messages, system=system)
+    except ToolmeshError as exc:
+        raise LlmStageFailed(stage, exc) from exc
+    await spend.add(reply, role)
+    if reply.refused:
+        raise BuildRejected(f"the {stage} model refused the request (stop_reason refusal)")
+    if reply.truncated:
+        raise BuildRejected(
+            f"the {stage} model's answer was cut short (stop_reason {reply.stop_reason} after "
+            f"{reply.usage.output_tokens} output tokens); raise the role's max_output_tokens "
+            "or ask for a smaller tool"
+        )
+    return reply
 
 
 @dataclass
@@ -102,15 +194,23 @@ class ToolBuilder:
     def __init__(self, llm: LlmForRole) -> None:
         self._llm = llm
 
-    async def build(self, request: str, proposed_name: str) -> tuple[Built, float]:
-        client = self._llm(ROLE_TOOL_BUILDER)
+    async def build(
+        self, request: str, proposed_name: str, spend: JobSpend | None = None
+    ) -> tuple[Built, float]:
+        spend = JobSpend() if spend is None else spend
+        before = spend.usd
         ask = f"Build this tool: {request}"
         if proposed_name:
             ask += f"\nName it {proposed_name!r}."
-        reply = await client.complete(
-            [{"role": "user", "content": ask}], system=TOOL_BUILDER_SYSTEM
+        reply = await _ask(
+            self._llm,
+            ROLE_TOOL_BUILDER,
+            "build",
+            spend,
+            [{"role": "user", "content": ask}],
+            TOOL_BUILDER_SYSTEM,
         )
-        return parse_built(parse_json_reply(reply.text), proposed_name), reply.cost_usd
+        return parse_built(parse_json_reply(reply.text), proposed_name), spend.usd - before
 
 
 class ToolAuditor:
@@ -149,9 +249,10 @@ class ToolAuditor:
         return {"tests": outcomes, "passed": passed_count, "total": len(outcomes)}
 
     async def review(
-        self, request: str, built: Built, results: dict[str, Any]
+        self, request: str, built: Built, results: dict[str, Any], spend: JobSpend | None = None
     ) -> tuple[str, str, float]:
-        client = self._llm(ROLE_TOOL_AUDITOR)
+        spend = JobSpend() if spend is None else spend
+        before = spend.usd
         summary = json.dumps(
             {
                 "request": request,
@@ -162,12 +263,17 @@ class ToolAuditor:
                 "test_results": results,
             }
         )
-        reply = await client.complete(
-            [{"role": "user", "content": summary}], system=TOOL_AUDITOR_SYSTEM
+        reply = await _ask(
+            self._llm,
+            ROLE_TOOL_AUDITOR,
+            "review",
+            spend,
+            [{"role": "user", "content": summary}],
+            TOOL_AUDITOR_SYSTEM,
         )
         verdict = parse_json_reply(reply.text)
         decision = str(verdict.get("verdict", "")).lower()
-        return decision, str(verdict.get("reason", ""))[:2000], reply.cost_usd
+        return decision, str(verdict.get("reason", ""))[:2000], spend.usd - before
 
 
 class JobPipeline:
@@ -182,8 +288,12 @@ class JobPipeline:
         worker_id: str = "",
         lease_s: float = DEFAULT_LEASE_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        usage: UsageLog | None = None,
+        retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
     ) -> None:
         self._repo = repo
+        self._usage = usage
+        self._retry_backoff_s = max(0.0, retry_backoff_s)
         self._builder = ToolBuilder(llm)
         self._auditor = ToolAuditor(sandbox, llm)
         self._worker = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -258,10 +368,10 @@ class JobPipeline:
 
     async def _process(self, job: Job, lease: Lease) -> Job:
         request = str(job.spec.get("request", ""))
-        cost = 0.0
+        spend = JobSpend(job, self._usage)
         built: Built | None = None
         try:
-            built, cost = await self._builder.build(request, job.tool_name)
+            built, _ = await self._builder.build(request, job.tool_name, spend)
             validate_definition(built.name, built.code, built.input_schema, job.tenant_id)
             tool = await asyncio.to_thread(
                 self._repo.register,
@@ -288,8 +398,7 @@ class JobPipeline:
                     f"{results['total'] - results['passed']} of {results['total']} tests failed",
                     results,
                 )
-            decision, reason, review_cost = await self._auditor.review(request, built, results)
-            cost += review_cost
+            decision, reason, _ = await self._auditor.review(request, built, results, spend)
             if decision != "approve":
                 raise BuildRejected(f"the auditor rejected the tool: {reason}", results)
             await asyncio.to_thread(
@@ -308,11 +417,13 @@ class JobPipeline:
                     "description": built.description,
                     "test_results": results,
                     "review": reason,
-                    "cost_usd": cost,
+                    "cost_usd": spend.usd,
                 },
             )
         except LeaseLost:
             raise
+        except LlmStageFailed as exc:
+            return await self._llm_failed(job, lease, exc, spend)
         except (BuildRejected, InvalidArgument) as exc:
             reason = exc.message if isinstance(exc, ToolmeshError) else str(exc.args[0])
             failed_results: dict[str, Any] | None = (
@@ -331,7 +442,7 @@ class JobPipeline:
                 lease,
                 status="rejected",
                 progress_pct=100,
-                result={"error": reason, "test_results": failed_results, "cost_usd": cost},
+                result={"error": reason, "test_results": failed_results, "cost_usd": spend.usd},
             )
         except ToolmeshError as exc:
             logger.warning("build job %s failed: %s", job.id, exc.message)
@@ -339,8 +450,51 @@ class JobPipeline:
                 lease,
                 status="failed",
                 progress_pct=100,
-                result={"error": exc.message, "reason": exc.reason, "cost_usd": cost},
+                result={"error": exc.message, "reason": exc.reason, "cost_usd": spend.usd},
             )
+
+    async def _llm_failed(
+        self, job: Job, lease: Lease, failure: LlmStageFailed, spend: JobSpend
+    ) -> Job:
+        """A transient LLM failure with claims left: wait, then queue the job again (its next
+        claim is its next attempt). Otherwise the job fails, saying why."""
+        error = failure.error
+        result: dict[str, Any] = {
+            "error": f"the {failure.stage} stage's LLM call failed: {error.message}",
+            "reason": error.reason,
+            "stage": failure.stage,
+            "attempt": lease.attempt,
+            "max_attempts": self._max_attempts,
+            "cost_usd": spend.usd,
+        }
+        if failure.transient and lease.attempt < self._max_attempts:
+            wait = self._backoff(lease.attempt, error)
+            logger.warning(
+                "build job %s: attempt %d of %d: %s; queued again in %.1fs",
+                job.id,
+                lease.attempt,
+                self._max_attempts,
+                error.message,
+                wait,
+            )
+            await self._update(lease, result={**result, "retry_in_s": wait})
+            await asyncio.sleep(wait)  # the lease is kept meanwhile
+            return await self._update(
+                lease, status="queued", progress_pct=0, claimed_by=None, result=result
+            )
+        if failure.transient:
+            result["error"] = (
+                f"gave up after {lease.attempt} attempt(s): the {failure.stage} stage's LLM "
+                f"call kept failing; last: {error.message}"
+            )
+        logger.warning("build job %s failed: %s", job.id, result["error"])
+        return await self._update(lease, status="failed", progress_pct=100, result=result)
+
+    def _backoff(self, attempt: int, error: ToolmeshError) -> float:
+        wait = self._retry_backoff_s * 2 ** (attempt - 1)
+        with contextlib.suppress(ValueError):
+            wait = max(wait, float(error.metadata.get("retry_after_s", 0)))
+        return min(wait, MAX_RETRY_BACKOFF_S)
 
     async def _update(self, lease: Lease, **values: Any) -> Job:
         """Write the job while this worker's lease holds (LeaseLost otherwise)."""

@@ -5,11 +5,25 @@ role. Every call is a CLIENT span with the GenAI attributes, its token usage and
 The SDK reads ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL from the environment, so tests point it
 at a loopback fake Messages API and production at the real one with the same code. Nothing of
 the mesh's trace context or baggage is sent to the provider: the SDK's HTTP client is not
-instrumented, so no traceparent/baggage header leaves the mesh."""
+instrumented, so no traceparent/baggage header leaves the mesh.
+
+Retries are ours, not the SDK's (its `max_retries` is 0): a transient failure (connection lost,
+a body cut short or not JSON, 408/409/429/5xx/529, or `x-should-retry: true`) is tried again up
+to `max_retries` times, after the provider's `retry-after(-ms)` when it sends one and after an
+exponential backoff with jitter otherwise, but never past the call's deadline: a wait that would
+end after it fails the call at once, saying so. Each retry is an event on the chat span and the
+attempts are counted on it (`toolmesh.llm.attempts`); each attempt is its own SDK span under it.
+Permanent failures (400 prompt too long, 401/403, 404 unknown model, 413) are not retried, and
+every failure is a ToolmeshError whose reason starts with `LLM_` and whose message says what
+to do."""
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,8 +48,20 @@ from shared.telemetry.tracing import tracer
 if TYPE_CHECKING:
     import anthropic
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MAX_RETRIES = 2
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = 120.0  # one attempt
+DEFAULT_DEADLINE_S = 300.0  # the whole call: every attempt and every wait between them
+INITIAL_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+# Anthropic prices a 1-hour cache write at twice the base input price (a 5-minute one, the
+# config's cache_write price, at 1.25x).
+CACHE_WRITE_1H_INPUT_MULTIPLIER = 2.0
+
+LLM_ATTEMPTS = "toolmesh.llm.attempts"
+LLM_RETRY_EVENT = "toolmesh.llm.retry"
+LLM_USAGE_MISSING = "toolmesh.llm.usage_missing"
 
 
 @dataclass(frozen=True)
@@ -43,7 +69,8 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
+    cache_write_tokens: int = 0  # every cache write, 5-minute and 1-hour
+    cache_write_1h_tokens: int = 0  # of which 1-hour writes (priced higher)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -51,16 +78,28 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_write_1h_tokens + other.cache_write_1h_tokens,
         )
 
 
+def cache_write_1h_price_per_mtok(cfg: ModelConfig) -> float:
+    """The price of a 1-hour cache write: twice the input price, never below the config's
+    (5-minute) cache write price."""
+    return max(
+        cfg.cache_write_price_per_mtok, CACHE_WRITE_1H_INPUT_MULTIPLIER * cfg.input_price_per_mtok
+    )
+
+
 def cost_usd(usage: Usage, cfg: ModelConfig) -> float:
-    """USD cost of `usage` at the config's prices (per million tokens)."""
+    """USD cost of `usage` at the config's prices (per million tokens). `input_tokens` excludes
+    the cached ones, which are priced as cache reads and writes."""
+    write_1h = min(usage.cache_write_1h_tokens, usage.cache_write_tokens)
     return (
         usage.input_tokens * cfg.input_price_per_mtok
         + usage.output_tokens * cfg.output_price_per_mtok
         + usage.cache_read_tokens * cfg.cache_read_price_per_mtok
-        + usage.cache_write_tokens * cfg.cache_write_price_per_mtok
+        + (usage.cache_write_tokens - write_1h) * cfg.cache_write_price_per_mtok
+        + write_1h * cache_write_1h_price_per_mtok(cfg)
     ) / 1_000_000
 
 
@@ -76,6 +115,18 @@ class LLMReply:
     response_id: str = ""
     tool_uses: tuple[dict[str, Any], ...] = ()
     provider: str = "anthropic"
+    attempts: int = 1  # requests sent for it: the first and each retry
+    usage_reported: bool = True  # False when the response had no usage (recorded as zero)
+    max_tokens: int = 0  # the output ceiling the request asked for
+
+    @property
+    def truncated(self) -> bool:
+        """The answer stopped before the model finished it (token ceiling, or a paused turn)."""
+        return self.stop_reason in ("max_tokens", "pause_turn", "model_context_window_exceeded")
+
+    @property
+    def refused(self) -> bool:
+        return self.stop_reason == "refusal"
 
 
 @dataclass
@@ -86,6 +137,9 @@ class LLMClient:
     role: str
     sdk: anthropic.AsyncAnthropic
     extra_attributes: Mapping[str, Any] = field(default_factory=dict)
+    max_retries: int = DEFAULT_MAX_RETRIES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    deadline_s: float = DEFAULT_DEADLINE_S
 
     async def aclose(self) -> None:
         await self.sdk.close()
@@ -98,7 +152,10 @@ class LLMClient:
         max_output_tokens: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         temperature: float | None = None,
+        deadline_s: float | None = None,
     ) -> LLMReply:
+        """One Messages API call, retried while transient within `deadline_s` (at most the
+        client's); raises a ToolmeshError with an `LLM_…` reason when it cannot succeed."""
         cfg = self.config
         max_tokens = cfg.max_output_tokens
         if max_output_tokens is not None:
@@ -125,6 +182,8 @@ class LLMClient:
             **self.extra_attributes,
         }
         started = time.perf_counter()
+        budget_s = self.deadline_s if deadline_s is None else min(deadline_s, self.deadline_s)
+        deadline = time.monotonic() + max(0.0, budget_s)
         with tracer().start_as_current_span(
             f"{semconv.OPERATION_CHAT} {cfg.model}",
             kind=SpanKind.CLIENT,
@@ -132,46 +191,236 @@ class LLMClient:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
+            attempts = 0
             try:
-                message = await self.sdk.messages.create(**kwargs)
-            except _sdk().APIError as exc:
-                error = _translate(exc)
-                span.set_attribute(semconv.ERROR_TYPE, type(exc).__name__)
+                while True:
+                    attempts += 1
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DeadlineExceeded(
+                            f"LLM call out of time: its deadline of {budget_s:.0f}s passed "
+                            f"after {attempts - 1} attempt(s); try again later or ask for less",
+                            reason="LLM_TIMEOUT",
+                            metadata={"attempts": str(attempts - 1)},
+                        )
+                    timeout = min(self.timeout_s, remaining)
+                    try:
+                        message = await self.sdk.messages.create(**kwargs, timeout=timeout)
+                        reply = _reply(message, cfg, attempts=attempts, max_tokens=max_tokens)
+                        break
+                    except (_sdk().APIError, _MalformedReply, ValueError) as exc:
+                        failure = _Failure.of(exc, timeout < self.timeout_s)
+                        left = deadline - time.monotonic()
+                        wait = failure.retry_after_s
+                        if not wait:  # none, or 0: the SDK's rule, back off instead
+                            wait = _backoff_s(attempts)
+                        if not failure.retryable or attempts > self.max_retries or wait >= left:
+                            out_of_time = attempts <= self.max_retries and wait >= left
+                            raise _translate(
+                                failure,
+                                cfg,
+                                self.role,
+                                attempts,
+                                wait_s=wait,
+                                out_of_time=out_of_time,
+                            ) from exc
+                        span.add_event(
+                            LLM_RETRY_EVENT,
+                            {
+                                "toolmesh.llm.attempt": attempts,
+                                semconv.ERROR_TYPE: failure.error_type,
+                                "http.response.status_code": failure.status,
+                                "toolmesh.llm.retry_after_s": wait,
+                            },
+                        )
+                        logger.info(
+                            "LLM %s attempt %d failed (%s); retrying in %.2fs",
+                            cfg.model,
+                            attempts,
+                            failure.error_type,
+                            wait,
+                        )
+                        await asyncio.sleep(wait)
+            except ToolmeshError as error:
+                span.set_attribute(LLM_ATTEMPTS, attempts)
+                span.set_attribute(semconv.ERROR_TYPE, error.reason)
                 span.set_status(Status(StatusCode.ERROR, error.message))
                 metrics.record_llm_call(
-                    cfg, time.perf_counter() - started, None, error_type=type(exc).__name__
+                    cfg, time.perf_counter() - started, None, error_type=error.reason
                 )
-                raise error from exc
-            reply = _reply(message, cfg)
+                raise
+            except asyncio.CancelledError:
+                # The tool call was cancelled: the SDK's request is abandoned with it (its
+                # connection closed), and nothing came back to be priced.
+                span.set_attribute(LLM_ATTEMPTS, attempts)
+                span.set_attribute(semconv.ERROR_TYPE, "cancelled")
+                metrics.record_llm_call(
+                    cfg, time.perf_counter() - started, None, error_type="cancelled"
+                )
+                raise
+            span.set_attribute(LLM_ATTEMPTS, attempts)
             _annotate(span, reply)
             metrics.record_llm_call(cfg, time.perf_counter() - started, reply.usage)
             return reply
 
 
-def _reply(message: Any, cfg: ModelConfig) -> LLMReply:
-    u = message.usage
-    usage = Usage(
-        input_tokens=int(u.input_tokens or 0),
-        output_tokens=int(u.output_tokens or 0),
-        cache_read_tokens=int(getattr(u, "cache_read_input_tokens", 0) or 0),
-        cache_write_tokens=int(getattr(u, "cache_creation_input_tokens", 0) or 0),
+class _MalformedReply(Exception):
+    """A 200 response that is not a usable Message."""
+
+
+def _backoff_s(attempt: int) -> float:
+    """Exponential backoff after the `attempt`-th failure, with jitter (no retry-after)."""
+    return min(INITIAL_BACKOFF_S * 2.0 ** (attempt - 1), MAX_BACKOFF_S) * (
+        1 - 0.25 * random.random()
     )
+
+
+def _retry_after_s(headers: Any) -> float | None:
+    """The provider's `retry-after-ms` / `retry-after` (seconds or an HTTP date), if any."""
+    if headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000)
+    except (TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    parsed = email.utils.parsedate_tz(str(value))
+    if parsed is None:
+        return None
+    return max(0.0, float(email.utils.mktime_tz(parsed) - time.time()))
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """One failed attempt, classified."""
+
+    kind: str  # timeout | connection | malformed | status
+    retryable: bool
+    status: int = 0
+    error_type: str = ""
+    message: str = ""
+    request_id: str = ""
+    retry_after_s: float | None = None
+    clamped: bool = False  # a timeout of an attempt shortened by the call's deadline
+
+    @staticmethod
+    def of(exc: BaseException, clamped: bool) -> _Failure:
+        sdk = _sdk()
+        if isinstance(exc, sdk.APITimeoutError):
+            return _Failure("timeout", True, error_type="timeout", clamped=clamped)
+        if isinstance(exc, sdk.APIConnectionError):
+            return _Failure("connection", True, error_type="connection", message=str(exc))
+        if isinstance(exc, sdk.APIStatusError):
+            status = int(exc.status_code)
+            error_type, message = _error_body(exc)
+            should = exc.response.headers.get("x-should-retry")
+            retryable = (
+                should == "true"
+                if should in ("true", "false")
+                else status in (408, 409, 429) or status >= 500
+            )
+            return _Failure(
+                "status",
+                retryable,
+                status=status,
+                error_type=error_type or f"http_{status}",
+                message=message,
+                request_id=str(getattr(exc, "request_id", "") or ""),
+                retry_after_s=_retry_after_s(exc.response.headers),
+            )
+        # A 200 whose body is not JSON (ValueError), not a Message, or fails validation.
+        detail = str(exc) if isinstance(exc, _MalformedReply) else type(exc).__name__
+        return _Failure("malformed", True, error_type="malformed_response", message=detail)
+
+
+def _error_body(exc: Any) -> tuple[str, str]:
+    """The provider's error type and message from an error body, else what the SDK says."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        error = body.get("error")
+        if isinstance(error, Mapping):
+            return str(error.get("type") or ""), str(error.get("message") or "")
+    text = ""
+    try:
+        text = exc.response.text[:300]
+    except (AttributeError, RuntimeError, UnicodeDecodeError):  # a streamed or closed body
+        text = str(getattr(exc, "message", ""))
+    return "", text
+
+
+def _tokens(obj: Any, name: str) -> int:
+    value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _usage(u: Any) -> tuple[Usage, bool]:
+    """The response's usage, and whether it had any (a missing field counts as zero)."""
+    if u is None:
+        return Usage(), False
+    write = _tokens(u, "cache_creation_input_tokens")
+    split = (
+        u.get("cache_creation") if isinstance(u, Mapping) else getattr(u, "cache_creation", None)
+    )
+    write_1h = _tokens(split, "ephemeral_1h_input_tokens") if split is not None else 0
+    write_5m = _tokens(split, "ephemeral_5m_input_tokens") if split is not None else 0
+    write = max(write, write_1h + write_5m)
+    usage = Usage(
+        input_tokens=_tokens(u, "input_tokens"),
+        output_tokens=_tokens(u, "output_tokens"),
+        cache_read_tokens=_tokens(u, "cache_read_input_tokens"),
+        cache_write_tokens=write,
+        cache_write_1h_tokens=min(write_1h, write),
+    )
+    has_counts = any(
+        isinstance(u.get(n) if isinstance(u, Mapping) else getattr(u, n, None), int)
+        for n in ("input_tokens", "output_tokens")
+    )
+    return usage, has_counts
+
+
+def _reply(message: Any, cfg: ModelConfig, *, attempts: int = 1, max_tokens: int = 0) -> LLMReply:
+    """The Message as an LLMReply: text blocks joined, tool_use blocks listed, every other
+    block type (thinking, server tools' blocks, types newer than this code) ignored."""
+    content = getattr(message, "content", None)
+    if not isinstance(content, list):
+        raise _MalformedReply("the response has no content list")
+    usage, reported = _usage(getattr(message, "usage", None))
+    if not reported:
+        logger.warning("LLM %s: the response reported no token usage; recorded as zero", cfg.model)
     texts: list[str] = []
     tool_uses: list[dict[str, Any]] = []
-    for block in message.content:
-        if block.type == "text":
+    for block in content:
+        kind = getattr(block, "type", None)
+        if kind == "text" and isinstance(getattr(block, "text", None), str):
             texts.append(block.text)
-        elif block.type == "tool_use":
-            tool_uses.append({"id": block.id, "name": block.name, "input": block.input})
+        elif kind == "tool_use":
+            tool_uses.append(
+                {
+                    "id": str(getattr(block, "id", "")),
+                    "name": str(getattr(block, "name", "")),
+                    "input": getattr(block, "input", None) or {},
+                }
+            )
     return LLMReply(
         text="".join(texts),
-        model=message.model,
-        stop_reason=message.stop_reason or "",
+        model=str(getattr(message, "model", None) or cfg.model),
+        stop_reason=str(getattr(message, "stop_reason", None) or ""),
         usage=usage,
         cost_usd=cost_usd(usage, cfg),
-        response_id=message.id,
+        response_id=str(getattr(message, "id", None) or ""),
         tool_uses=tuple(tool_uses),
         provider=cfg.provider,
+        attempts=attempts,
+        usage_reported=reported,
+        max_tokens=max_tokens,
     )
 
 
@@ -189,6 +438,8 @@ def _annotate(span: trace.Span, reply: LLMReply) -> None:
             semconv.GEN_AI_USAGE_COST_CURRENCY: semconv.COST_CURRENCY,
         }
     )
+    if not reply.usage_reported:
+        span.set_attribute(LLM_USAGE_MISSING, True)
 
 
 def warm_up(env: Mapping[str, str] | None = None) -> threading.Thread | None:
@@ -212,30 +463,112 @@ def _sdk() -> Any:
     return anthropic
 
 
-def _translate(exc: anthropic.APIError) -> ToolmeshError:
-    """The SDK's errors (after its own retries of 408/409/429/5xx) as toolmesh errors."""
-    sdk = _sdk()
-    if isinstance(exc, sdk.APITimeoutError):
-        return DeadlineExceeded(f"LLM provider timed out: {exc.message}", reason="LLM_TIMEOUT")
-    if isinstance(exc, sdk.APIConnectionError):
-        return Unavailable(f"LLM provider unreachable: {exc.message}", reason="LLM_UNAVAILABLE")
-    if isinstance(exc, sdk.RateLimitError):
-        return ResourceExhausted(
-            f"LLM provider rate limit (429) persisted after retries: {exc.message}",
-            reason="LLM_RATE_LIMITED",
+def _translate(
+    failure: _Failure,
+    cfg: ModelConfig,
+    role: str,
+    attempts: int,
+    *,
+    wait_s: float,
+    out_of_time: bool,
+) -> ToolmeshError:
+    """The last failed attempt as a toolmesh error the caller (often a model) can act on."""
+    metadata = {"attempts": str(attempts), "model": cfg.model}
+    if failure.status:
+        metadata["status"] = str(failure.status)
+    if failure.error_type:
+        metadata["error_type"] = failure.error_type
+    if failure.request_id:
+        metadata["request_id"] = failure.request_id
+    if failure.retry_after_s is not None:
+        metadata["retry_after_s"] = f"{failure.retry_after_s:g}"
+    said = f": {failure.message}" if failure.message else ""
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    if failure.retryable:
+        if out_of_time:
+            why = (
+                f"the provider asks to retry after {wait_s:.0f}s, past the call's deadline"
+                if failure.retry_after_s is not None
+                else "no time was left before the call's deadline for another attempt"
+            )
+        else:
+            why = "no retries left"
+        tail = f" ({tries}; {why}); try again later"
+    else:
+        tail = ""
+    s = failure.status
+    if failure.kind == "timeout":
+        what = "the call's deadline" if failure.clamped else "the per-attempt timeout"
+        return DeadlineExceeded(
+            f"LLM provider did not answer within {what}{tail}",
+            reason="LLM_TIMEOUT",
+            metadata=metadata,
         )
-    if isinstance(exc, sdk.AuthenticationError | sdk.PermissionDeniedError):
-        return FailedPrecondition(
-            f"LLM provider refused the credentials: {exc.message}", reason="LLM_AUTH"
-        )
-    if isinstance(exc, sdk.BadRequestError | sdk.UnprocessableEntityError):
-        return InvalidArgument(f"LLM provider rejected the request: {exc.message}")
-    if isinstance(exc, sdk.APIStatusError):
+    if failure.kind == "connection":
         return Unavailable(
-            f"LLM provider error {exc.status_code} persisted after retries: {exc.message}",
+            f"LLM provider unreachable or the connection broke mid-response{said}{tail}",
             reason="LLM_UNAVAILABLE",
+            metadata=metadata,
         )
-    return Unavailable(f"LLM call failed: {exc.message}", reason="LLM_UNAVAILABLE")
+    if failure.kind == "malformed":
+        return Unavailable(
+            f"LLM provider sent a malformed response{said}{tail}",
+            reason="LLM_BAD_RESPONSE",
+            metadata=metadata,
+        )
+    if s == 429:
+        return ResourceExhausted(
+            f"LLM provider rate limit (429 {failure.error_type}){said}{tail}",
+            reason="LLM_RATE_LIMITED",
+            metadata=metadata,
+        )
+    if s == 401:
+        return FailedPrecondition(
+            f"LLM provider refused the credentials (401{said}); an operator must fix "
+            "ANTHROPIC_API_KEY",
+            reason="LLM_AUTH",
+            metadata=metadata,
+        )
+    if s == 403:
+        return FailedPrecondition(
+            f"LLM provider does not permit this key to use model {cfg.model!r} (403{said}); "
+            "an operator must grant access or change the model",
+            reason="LLM_AUTH",
+            metadata=metadata,
+        )
+    if s == 404:
+        return FailedPrecondition(
+            f"LLM provider does not know model {cfg.model!r}, configured for role {role!r} "
+            f"(404{said}); an operator must fix the model config (`toolmesh models set`) or "
+            "ANTHROPIC_BASE_URL",
+            reason="LLM_MODEL_NOT_FOUND",
+            metadata=metadata,
+        )
+    if s == 413:
+        return InvalidArgument(
+            f"the request is too large for the LLM provider (413{said}); send a shorter prompt",
+            reason="LLM_REQUEST_TOO_LARGE",
+            metadata=metadata,
+        )
+    if s in (400, 422):
+        too_long = "too long" in failure.message.lower() or "too many" in failure.message.lower()
+        return InvalidArgument(
+            f"LLM provider rejected the request ({s} {failure.error_type}{said})"
+            + ("; shorten the prompt or ask for fewer output tokens" if too_long else ""),
+            reason="LLM_PROMPT_TOO_LONG" if too_long else "LLM_INVALID_REQUEST",
+            metadata=metadata,
+        )
+    if 400 <= s < 500 and not failure.retryable:
+        return FailedPrecondition(
+            f"LLM provider refused the request ({s} {failure.error_type}{said})",
+            reason="LLM_REJECTED",
+            metadata=metadata,
+        )
+    return Unavailable(
+        f"LLM provider error {s} {failure.error_type}{said}{tail}",
+        reason="LLM_UNAVAILABLE",
+        metadata=metadata,
+    )
 
 
 def create_llm_client_for_role(
@@ -245,6 +578,7 @@ def create_llm_client_for_role(
     env: Mapping[str, str] | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> LLMClient:
     """A client for `role` on the model its config names. Credentials and endpoint come from
     ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL; without a key there is no client, and the error
@@ -263,13 +597,20 @@ def create_llm_client_for_role(
     sdk = _sdk().AsyncAnthropic(
         api_key=api_key,
         base_url=env.get("ANTHROPIC_BASE_URL") or None,
-        max_retries=max_retries,
+        max_retries=0,  # retries are LLMClient.complete's: bounded by the call's deadline
         timeout=timeout_s,
         # The SDK's own span (HTTP status, retries) nests under our chat span, but it must not
         # send the mesh's trace context or baggage (tenant, conversation) to the provider.
         open_telemetry={"propagation": False},
     )
-    return LLMClient(config=cfg, role=role, sdk=sdk)
+    return LLMClient(
+        config=cfg,
+        role=role,
+        sdk=sdk,
+        max_retries=max(0, max_retries),
+        timeout_s=timeout_s,
+        deadline_s=deadline_s,
+    )
 
 
 class LlmClientCache:

@@ -1,12 +1,17 @@
 """A local fake of the Anthropic Messages API on loopback, for tests: the real `anthropic`
-SDK reaches it through `base_url`. Replies are scripted (text, tool_use blocks, usage,
-streaming) and errors can be injected (429 / 529 with retry-after, to exercise the SDK's
-retries). Every request body is recorded, with its headers, for assertions."""
+SDK reaches it through `base_url`. Replies are scripted (text, tool_use blocks, other content
+blocks, usage, streaming) and failures can be injected: an error status with its type, message
+and headers (429 / 529 with retry-after), a raw (malformed) body, a body or stream cut in the
+middle, a slow answer (which notices when the client gives up: `disconnects`). Every request
+body is recorded, with its headers, for assertions."""
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,9 +35,17 @@ class Reply:
     status: int = 200
     error_type: str = ""
     hold: threading.Event | None = None  # answered only once set (at most 30 s later)
+    error_message: str = "scripted error"
+    # Response headers; an error reply without them gets `retry-after: 0`.
+    headers: dict[str, str] | None = None
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # put before the text block
+    usage: dict[str, Any] | None = None  # the usage object verbatim (fields may be missing)
+    raw: bytes | None = None  # the body verbatim (with `status`), e.g. malformed JSON
+    truncate: bool = False  # send half the body (or of the stream's events), then close
+    delay_s: float = 0.0  # answer this late, unless the client disconnects first
 
     def content(self) -> list[dict[str, Any]]:
-        blocks: list[dict[str, Any]] = []
+        blocks: list[dict[str, Any]] = [dict(b) for b in self.blocks]
         if self.text:
             blocks.append({"type": "text", "text": self.text})
         for i, use in enumerate(self.tool_uses):
@@ -55,6 +68,15 @@ def overloaded() -> Reply:
     return Reply(status=529, error_type="overloaded_error")
 
 
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether the client closed its end (a readable socket with nothing to read)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
 @dataclass
 class Recorded:
     path: str
@@ -71,6 +93,7 @@ class FakeAnthropic:
         self.default = Reply(text="fake reply")
         self._lock = threading.Lock()
         self._counter = 0
+        self.disconnects = 0  # slow replies whose client went away before the answer
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -94,21 +117,45 @@ class FakeAnthropic:
                 reply = fake._next()
                 if reply.hold is not None:
                     reply.hold.wait(30)
+                if reply.delay_s and not self._wait(reply.delay_s):
+                    with fake._lock:
+                        fake.disconnects += 1
+                    self.close_connection = True
+                    return
+                if reply.raw is not None:
+                    self._send(reply.status, reply.raw, reply.headers, truncate=reply.truncate)
+                    return
                 if reply.status != 200:
                     self._send(
                         reply.status,
-                        _error(reply.error_type or "api_error", "scripted error"),
-                        {"retry-after": "0"},
+                        _error(reply.error_type or "api_error", reply.error_message),
+                        {"retry-after": "0"} if reply.headers is None else reply.headers,
                     )
                     return
                 message = fake._message(body, reply)
                 if body.get("stream"):
-                    self._stream(message)
+                    self._stream(message, truncate=reply.truncate)
                 else:
-                    self._send(200, message)
+                    self._send(200, message, reply.headers, truncate=reply.truncate)
 
-            def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None):
-                data = json.dumps(payload).encode()
+            def _wait(self, seconds: float) -> bool:
+                """Sleep up to `seconds`; False as soon as the client disconnects."""
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    if _client_gone(self.connection):
+                        return False
+                    time.sleep(0.02)
+                return True
+
+            def _send(
+                self,
+                status: int,
+                payload: Any,
+                headers: dict[str, str] | None = None,
+                *,
+                truncate: bool = False,
+            ) -> None:
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -117,16 +164,21 @@ class FakeAnthropic:
                     self.send_header(key, value)
                 try:
                     self.end_headers()
-                    self.wfile.write(data)
+                    self.wfile.write(data[: len(data) // 2] if truncate else data)
+                    self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the client gave up (a cancelled call)
+                if truncate:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
-            def _stream(self, message: dict[str, Any]) -> None:
+            def _stream(self, message: dict[str, Any], *, truncate: bool = False) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
                 self.end_headers()
-                for event, data in _sse_events(message):
+                events = list(_sse_events(message))
+                for event, data in events[: len(events) // 2] if truncate else events:
                     self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
                     self.wfile.flush()
                 self.close_connection = True
@@ -173,7 +225,9 @@ class FakeAnthropic:
             "content": reply.content(),
             "stop_reason": stop_reason,
             "stop_sequence": None,
-            "usage": {
+            "usage": reply.usage
+            if reply.usage is not None
+            else {
                 "input_tokens": reply.input_tokens,
                 "output_tokens": reply.output_tokens,
                 "cache_read_input_tokens": reply.cache_read_tokens,
@@ -236,7 +290,7 @@ def _sse_events(message: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
         {
             "type": "message_delta",
             "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            "usage": {"output_tokens": message["usage"].get("output_tokens", 0)},
         },
     )
     yield "message_stop", {"type": "message_stop"}

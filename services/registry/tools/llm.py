@@ -12,8 +12,10 @@ from typing import Any
 from services.registry.context import ToolContext
 from shared.contract import (
     Effects,
+    Err,
     Ok,
     ToolResult,
+    Warning,
     envelope_to_tool_result,
     measure_schema,
     migrate_tool,
@@ -28,28 +30,101 @@ from shared.telemetry.stats import stats_frame, usage_stats
 TELEMETRY_ADMIN = "telemetry_admin"
 
 
+def _err(reason: str, message: str) -> ToolResult:
+    """An Err the calling model can act on: its kind is the stable reason (`llm_rate_limited`,
+    `llm_prompt_too_long`, …), its message what happened and what to do."""
+    return envelope_to_tool_result(Err(message=f"{reason}: {message}", err_kind=reason.lower()))
+
+
+async def _affordable_output_tokens(context: ToolContext, requested: int | None) -> int | None:
+    """`requested`, lowered so that the answer's output tokens alone cannot cost more than what
+    is left of the call's budget (a model asked for 16k tokens with a cent left would otherwise
+    spend far past it before the charge stops the handler)."""
+    remaining = context.cost.remaining()
+    if remaining is None or context.llm_clients is None:
+        return requested
+    try:
+        cfg = (await asyncio.to_thread(context.llm_clients, ROLE_CALL_LLM)).config
+    except ToolmeshError:
+        return requested  # context.llm raises the same error, with its reason
+    if cfg.output_price_per_mtok <= 0:
+        return requested
+    affordable = max(1, int(remaining * 1_000_000 / cfg.output_price_per_mtok))
+    return min(requested or cfg.max_output_tokens, affordable)
+
+
+def _warnings(reply: Any) -> list[Warning]:
+    warnings: list[Warning] = []
+    if reply.stop_reason in ("max_tokens", "model_context_window_exceeded"):
+        warnings.append(
+            Warning(
+                "truncated",
+                f"the answer was cut at {reply.usage.output_tokens} output tokens "
+                f"(stop_reason {reply.stop_reason}); ask for a shorter answer or raise "
+                "max_output_tokens",
+                {"stop_reason": reply.stop_reason, "max_output_tokens": reply.max_tokens},
+            )
+        )
+    elif reply.stop_reason == "pause_turn":
+        warnings.append(
+            Warning(
+                "incomplete",
+                "the model paused its turn before finishing; the answer may be partial",
+                {"stop_reason": reply.stop_reason},
+            )
+        )
+    if reply.tool_uses:
+        warnings.append(
+            Warning(
+                "unexpected_tool_use",
+                "the model asked to use tools, which call_llm does not run; only its text is "
+                "returned",
+                {"tools": [u["name"] for u in reply.tool_uses]},
+            )
+        )
+    if not reply.usage_reported:
+        warnings.append(
+            Warning("usage_missing", "the provider reported no token usage; cost recorded as 0")
+        )
+    return warnings
+
+
 async def call_llm(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     try:
+        max_output_tokens = await _affordable_output_tokens(
+            context, inputs.get("max_output_tokens")
+        )
         reply = await context.llm(
             [{"role": "user", "content": str(inputs["prompt"])}],
             role=ROLE_CALL_LLM,
             system=str(inputs.get("system") or prompts.CALL_LLM_SYSTEM),
-            max_output_tokens=inputs.get("max_output_tokens"),
+            max_output_tokens=max_output_tokens,
         )
     except BudgetExceeded:
         raise
     except ToolmeshError as exc:
         # The provider or its configuration failed: an Err the model can read, with the reason.
-        return ToolResult(error=f"{exc.reason}: {exc.message}")
+        return _err(exc.reason, exc.message)
+    if reply.refused:
+        # Spent (and charged by context.llm) but no answer: say so instead of an empty Ok.
+        return _err(
+            "LLM_REFUSAL",
+            "the model declined to answer this prompt (stop_reason refusal); rephrase it or "
+            "ask for something else",
+        )
     data = {
         "text": reply.text,
         "model": reply.model,
         "stop_reason": reply.stop_reason,
         "input_tokens": reply.usage.input_tokens,
         "output_tokens": reply.usage.output_tokens,
+        "cache_read_tokens": reply.usage.cache_read_tokens,
+        "cache_write_tokens": reply.usage.cache_write_tokens,
         "cost_usd": round(reply.cost_usd, 8),
     }
-    return envelope_to_tool_result(Ok(data=data, effects=Effects(cost=reply.cost_usd)))
+    return envelope_to_tool_result(
+        Ok(data=data, warnings=_warnings(reply), effects=Effects(cost=reply.cost_usd))
+    )
 
 
 migrate_tool(call_llm, "call_llm", is_tabular=False, expected_envelopes={"ok", "err"})
