@@ -13,8 +13,10 @@ The keys file is JSON — only SHA-256 digests of keys are stored, never the key
        "capabilities": ["analyst"], "admin": false}
     ]}
 
-`capabilities` omitted means the caller may claim any; `admin` may act for every tenant and
-manage policy rules. `toolmesh keys hash KEY` prints a key's digest."""
+`capabilities` omitted means the caller may claim any but those that reach other tenants' data
+(CROSS_TENANT_CAPABILITIES: `telemetry_admin`), which a non-admin key claims only when its entry
+lists them; `admin` may act for every tenant and manage policy rules. `toolmesh keys hash KEY`
+prints a key's digest."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from typing import Any
 from shared.errors import InvalidArgument, PermissionDenied, Unauthenticated
 
 AUTH_HEADER = "authorization"
+# Capabilities that reach other tenants' data (query_telemetry of another tenant): a non-admin
+# key claims them only when its entry lists them, never by omitting its capability list.
+CROSS_TENANT_CAPABILITIES = frozenset({"telemetry_admin"})
 
 
 def key_digest(key: str) -> str:
@@ -49,9 +54,17 @@ class Principal:
         return requested if self.admin and requested else self.tenant_id
 
     def capabilities_for(self, requested: Sequence[str]) -> list[str]:
-        if self.capabilities is None:
-            return sorted(set(requested))
-        return sorted(set(requested) & self.capabilities)
+        """The capabilities of `requested` this key may claim (the others are dropped)."""
+        return sorted(set(requested) - set(self.not_allowed(requested)))
+
+    def not_allowed(self, claimed: Sequence[str]) -> list[str]:
+        """The capabilities of `claimed` this key may not claim: those its entry does not
+        list, or, without a list, those reaching other tenants' data (unless it is admin)."""
+        if self.capabilities is not None:
+            return sorted(set(claimed) - self.capabilities)
+        if self.admin:
+            return []
+        return sorted(set(claimed) & CROSS_TENANT_CAPABILITIES)
 
     def may_act_for(self, tenant: str) -> bool:
         """Its own tenant, or any tenant for an admin ("*", every tenant, is admin-only)."""

@@ -4,12 +4,14 @@ standard health service, server reflection, and graceful shutdown on SIGTERM/SIG
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import logging
 import os
 import signal
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +22,15 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from shared import reflection
-from shared.auth import ApiKeys
-from shared.errors import Internal, InvalidArgument, ResourceExhausted, ToolmeshError, Unavailable
+from shared.auth import ApiKeys, Principal
+from shared.errors import (
+    Internal,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    ToolmeshError,
+    Unavailable,
+)
 from shared.mux import MuxServicer
 from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
@@ -46,28 +55,63 @@ _WRAPPER_OF: weakref.WeakKeyDictionary[grpc.aio.Server, HandlerWrapper] = (
 )
 
 
+# The non-admin caller of the RPC being served (MeshAuth), for a handler's own checks. Not set
+# for an admin key (the mesh's own calls: nothing more to do on their path) or without keys.
+_RESTRICTED: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "toolmesh_restricted_principal", default=None
+)
+
+
+def restricted_principal() -> Principal | None:
+    """The non-admin API key's principal of the RPC being served; None for an admin key, when
+    the service runs without API keys, or outside an RPC."""
+    return _RESTRICTED.get()
+
+
+def require_admin_caller(what: str) -> None:
+    """PERMISSION_DENIED when the RPC being served came with a non-admin key (a service
+    running without API keys lets everyone through)."""
+    principal = _RESTRICTED.get()
+    if principal is not None:
+        principal.require_admin(what)
+
+
 @dataclass(frozen=True)
 class MeshAuth:
     """API keys on a mesh-internal service (TOOLMESH_API_KEYS_FILE): every RPC but health and
     reflection needs a known key, and `admin_methods` (method names, or "*" for all) an admin
     key. With `scoped`, a non-admin key must name its own tenant wherever a request has a
     `tenant_id` or `context.tenant_id` (an empty one included: no implicit "every tenant").
-    The mesh's services call each other with their own admin key (TOOLMESH_API_KEY, sent by
-    shared.clients.open_channel)."""
+    A non-admin key may claim (`capabilities` or `context.capabilities`) only what it may at
+    the dispatcher (Principal.not_allowed). The mesh's services call each other with
+    their own admin key (TOOLMESH_API_KEY, sent by shared.clients.open_channel)."""
 
     keys: ApiKeys
     admin_methods: frozenset[str] = frozenset()
     scoped: bool = True
 
-    def check(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+    def check(self, name: str, request: Any, context: grpc.aio.ServicerContext) -> Principal | None:
+        """The caller when it is not an admin (None for an admin key); raises when the key
+        is unknown or may not make this call."""
         principal = self.keys.authenticate(context.invocation_metadata())
         if principal.admin:
-            return
+            return None
         if name in self.admin_methods or "*" in self.admin_methods:
             principal.require_admin(name)
         tenant = request_tenant(request) if self.scoped else None
         if tenant is not None:
             principal.require_tenant(tenant, name)
+        claimed = request_capabilities(request)
+        if claimed:
+            extra = principal.not_allowed(claimed)
+            if extra:
+                raise PermissionDenied(
+                    f"{name} claims capabilities the API key {principal.name!r} may not: "
+                    f"{', '.join(extra)}",
+                    reason="CAPABILITY_NOT_ALLOWED",
+                    metadata={"capabilities": ",".join(extra), "key": principal.name},
+                )
+        return principal
 
 
 def mesh_auth(
@@ -82,6 +126,17 @@ def mesh_auth(
             "calls to other services that check keys will be refused"
         )
     return MeshAuth(ApiKeys.load(api_keys_file), frozenset(admin_methods), scoped)
+
+
+def request_capabilities(request: Any) -> Sequence[str]:
+    """The capabilities a request claims (its `capabilities`, else its
+    `context.capabilities`); empty when it has no such field."""
+    fields = getattr(getattr(request, "DESCRIPTOR", None), "fields_by_name", {})
+    if "capabilities" in fields:
+        return list(request.capabilities)
+    if "context" in fields and "capabilities" in request.context.DESCRIPTOR.fields_by_name:
+        return list(request.context.capabilities)
+    return ()
 
 
 def request_tenant(request: Any) -> str | None:
@@ -253,7 +308,16 @@ class _Boundary:
     failure mapped to a rich status. A class rather than a pair of generator-based context
     managers: those cost ~4 µs a call, on every hop."""
 
-    __slots__ = ("_context", "_counted", "_request", "_rpc", "_scope", "_span", "_token")
+    __slots__ = (
+        "_context",
+        "_counted",
+        "_principal_token",
+        "_request",
+        "_rpc",
+        "_scope",
+        "_span",
+        "_token",
+    )
 
     def __init__(self, rpc: _Rpc, request: Any, context: grpc.aio.ServicerContext) -> None:
         self._rpc = rpc
@@ -263,6 +327,7 @@ class _Boundary:
         self._scope: Any = None
         self._span: trace.Span = trace.INVALID_SPAN
         self._counted = False
+        self._principal_token: contextvars.Token[Principal | None] | None = None
 
     async def __aenter__(self) -> None:
         rpc, context = self._rpc, self._context
@@ -285,7 +350,9 @@ class _Boundary:
                 rpc.wrapper._enter()
                 self._counted = True
             if rpc.auth is not None:
-                rpc.auth.check(rpc.name, self._request, context)
+                restricted = rpc.auth.check(rpc.name, self._request, context)
+                if restricted is not None:
+                    self._principal_token = _RESTRICTED.set(restricted)
             if isinstance(self._request, _Undecodable):
                 raise self._request.error()
         except BaseException as exc:
@@ -303,6 +370,11 @@ class _Boundary:
             if self._counted:
                 self._counted = False
                 self._rpc.wrapper._exit()
+            principal_token, self._principal_token = self._principal_token, None
+            if principal_token is not None:
+                # An async generator closed by the loop's finalizer runs in another context.
+                with contextlib.suppress(ValueError, RuntimeError):
+                    _RESTRICTED.reset(principal_token)
             scope, self._scope = self._scope, None
             if scope is not None:
                 scope.__exit__(None, None, None)

@@ -25,6 +25,7 @@ from shared import convert, schema_regex
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
 from shared.errors import FailedPrecondition, InvalidArgument
+from shared.server import require_admin_caller
 from shared.telemetry.stats import usage_stats
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
@@ -555,6 +556,9 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def GetContractStats(
         self, request: rpb.GetContractStatsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetContractStatsResponse:
+        # The counters are of every tenant's calls (the request names no tenant): operators
+        # only, when the registry checks API keys.
+        require_admin_caller("GetContractStats (every tenant's calls)")
         counters = self._core.contract_stats
         stats = counters.snapshot(request.tool_name or None)
         return rpb.GetContractStatsResponse(

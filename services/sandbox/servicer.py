@@ -25,7 +25,7 @@ from shared.arrow_ipc import ipc_to_dataframe
 from shared.auth import ApiKeys
 from shared.clients import open_channel, traced_call
 from shared.contract import Err, Ok, ToolResult, envelope_to_tool_result
-from shared.errors import InvalidArgument
+from shared.errors import AlreadyExists, InvalidArgument
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.sandbox.v1 import sandbox_pb2 as spb
@@ -282,7 +282,16 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             timeout_seconds=m.timeout_seconds or None,
             dependencies=list(m.dependencies),
         )
-        stored = await asyncio.to_thread(self._repo.register, tool)
+        try:
+            stored = await asyncio.to_thread(self._repo.register, tool)
+        except AlreadyExists as exc:
+            # One answer whoever holds the name: whether it is a system or MCP tool, or another
+            # tenant's custom tool, is not the caller's to learn.
+            raise AlreadyExists(
+                f"the tool name {m.name!r} is taken; choose another name",
+                reason=exc.reason,
+                metadata={"tool": m.name},
+            ) from None
         return spb.RegisterCustomToolResponse(tool=tool_to_pb(stored))
 
     async def SetCustomToolStatus(
@@ -323,6 +332,17 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 "invalid build job: " + "; ".join(f"{f} {d}" for f, d in violations),
                 field_violations=violations,
             )
+        if request.tool_name:
+            # A job records its audit on the tool of its name: a name held by another tenant's
+            # (or the shared) custom tool is refused here, with the answer RegisterCustomTool
+            # gives, so a job can never review a tool that is not its tenant's.
+            held = await asyncio.to_thread(self._repo.get, request.tool_name)
+            if held is not None and held.tenant_id != tenant:
+                raise AlreadyExists(
+                    f"the tool name {request.tool_name!r} is taken; choose another name",
+                    reason="TOOL_NAME_TAKEN",
+                    metadata={"tool": request.tool_name},
+                )
         job = await asyncio.to_thread(
             self._repo.create_job,
             tenant_id=tenant,

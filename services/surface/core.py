@@ -322,7 +322,11 @@ class SurfaceCore:
         usage = await asyncio.to_thread(self._store.usage_counts, now)
         misses = await asyncio.to_thread(self._store.miss_counts, now)
         catalog = await self.catalog()
-        live = [n for n, t in catalog.tools.items() if t.category != "internal"]
+        # The floor is every tenant's: only tools every tenant may see are eligible (a
+        # tenant's own tool, however used, would be skipped for the others and named to them).
+        live = [
+            n for n, t in catalog.tools.items() if t.category != "internal" and t.tenant_id == "*"
+        ]
         derivation = derive_tier0(compute_scores(usage, misses), eligible=live)
         await asyncio.to_thread(self._store.write_seed, SEED_KEY, encode_floor(derivation))
         self._floor = _FloorCache()  # this replica sees it at once; others within the TTL
@@ -389,7 +393,18 @@ class SurfaceCore:
             raise InvalidArgument(
                 "tenant_id is required", field_violations=[("tenant_id", "must not be empty")]
             )
-        surface, _, _ = await self._compose(caller, enforce_budget=True)
+        surface, catalog, _ = await self._compose(caller, enforce_budget=True)
+        # `skipped` names what the caller asked for but cannot use; another tenant's tool in a
+        # floor (one stored before floors were limited to shared tools) is not the caller's to
+        # hear of: left out, as if it were not skipped at all.
+        foreign = [
+            n
+            for n in surface.skipped
+            if (t := catalog.tools.get(n)) is not None
+            and t.tenant_id not in ("*", caller.tenant_id)
+        ]
+        if foreign:
+            surface.skipped = [n for n in surface.skipped if n not in foreign]
         span = trace.get_current_span()
         span.set_attribute("toolmesh.surface.size", len(surface.tools))
         span.set_attribute("toolmesh.surface.mode", caller.mode)

@@ -26,6 +26,7 @@ KEYS = {
     "key-a": {"name": "backend-a", "tenant_id": "auth-a", "capabilities": ["analyst"]},
     "key-b": {"name": "backend-b", "tenant_id": "auth-b"},
     "key-admin": {"name": "ops", "tenant_id": "ops", "admin": True},
+    "key-sre": {"name": "sre", "tenant_id": "auth-sre", "capabilities": ["telemetry_admin"]},
 }
 
 
@@ -142,7 +143,8 @@ def test_capabilities_are_capped_by_the_key(authed: Callers) -> None:
     )
     assert response.result.envelope.WhichOneof("kind") == "err"
     assert "telemetry_admin" in response.result.content
-    # A key without a capability list may claim any.
+    # A key without a capability list may claim any but those reaching other tenants' data:
+    # every tenant key would otherwise read every tenant's telemetry.
     response = authed.stub("key-b").DispatchToolCall(
         request(
             "query_telemetry",
@@ -154,7 +156,22 @@ def test_capabilities_are_capped_by_the_key(authed: Callers) -> None:
         ),
         timeout=30,
     )
-    assert response.result.envelope.WhichOneof("kind") == "ok", response.result.content
+    assert response.result.envelope.WhichOneof("kind") == "err"
+    assert "telemetry_admin" in response.result.content
+    # A key whose entry lists it, and an admin key, may.
+    for key, tenant in (("key-sre", "auth-sre"), ("key-admin", "ops")):
+        response = authed.stub(key).DispatchToolCall(
+            request(
+                "query_telemetry",
+                {"tenant": "auth-a"},
+                tenant=tenant,
+                conversation="caps",
+                tool_use_id=f"toolu_caps_{key}",
+                capabilities=("telemetry_admin",),
+            ),
+            timeout=30,
+        )
+        assert response.result.envelope.WhichOneof("kind") == "ok", response.result.content
 
 
 def test_cancel_and_policy_administration_are_scoped(authed: Callers) -> None:

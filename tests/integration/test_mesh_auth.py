@@ -260,5 +260,8 @@ def test_a_tenants_mcp_calls_reach_the_bridge_with_the_registrys_key(keyed: Mesh
         )
     )
     kinds = [m.WhichOneof("event") for m in messages]
-    assert kinds.count("progress") == 3 and kinds[-1] == "result"
+    # Three notifications; a hop may send only the latest of those not yet sent (coalescing).
+    assert 1 <= kinds.count("progress") <= 3 and kinds[-1] == "result"
+    last = [m.progress for m in messages if m.WhichOneof("event") == "progress"][-1]
+    assert last.fraction == pytest.approx(1.0)
     assert json.loads(messages[-1].result.result.envelope.ok.data_json) == "done"

@@ -42,6 +42,17 @@ def test_a_bearer_key_maps_to_its_principal(tmp_path: Path) -> None:
     admin = Principal("ops", "ops", None, True)
     assert admin.tenant_for("acme") == "acme" and admin.tenant_for("") == "ops"
     assert admin.capabilities_for(["x", "x"]) == ["x"]
+    assert admin.capabilities_for(["telemetry_admin"]) == ["telemetry_admin"]
+
+
+def test_a_key_without_a_capability_list_may_not_claim_another_tenants_data() -> None:
+    """Any tenant key (most have no list) read every tenant's telemetry by claiming
+    telemetry_admin."""
+    open_key = Principal("backend", "acme", None, False)
+    assert open_key.capabilities_for(["analyst", "telemetry_admin"]) == ["analyst"]
+    assert open_key.not_allowed(["telemetry_admin", "x"]) == ["telemetry_admin"]
+    listed = Principal("sre", "acme", frozenset({"telemetry_admin"}), False)
+    assert listed.capabilities_for(["telemetry_admin"]) == ["telemetry_admin"]
 
 
 @pytest.mark.parametrize(
