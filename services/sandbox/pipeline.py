@@ -370,6 +370,9 @@ class JobPipeline:
         request = str(job.spec.get("request", ""))
         spend = JobSpend(job, self._usage)
         built: Built | None = None
+        # The tool this job registered: the only one whose audit it may record (a name the
+        # model chose may be another tenant's tool, which register refused).
+        registered: CustomTool | None = None
         try:
             built, _ = await self._builder.build(request, job.tool_name, spend)
             validate_definition(built.name, built.code, built.input_schema, job.tenant_id)
@@ -384,10 +387,12 @@ class JobPipeline:
                     created_by="builder_agent",
                 ),
             )
+            registered = tool
             await self._update(lease, status="testing", progress_pct=60, tool_name=tool.name)
             await asyncio.to_thread(
                 self._repo.record_audit,
                 tool.name,
+                tenant_id=job.tenant_id,
                 status="testing",
                 test_results=None,
                 rejection_reason=None,
@@ -403,7 +408,8 @@ class JobPipeline:
                 raise BuildRejected(f"the auditor rejected the tool: {reason}", results)
             await asyncio.to_thread(
                 self._repo.record_audit,
-                built.name,
+                tool.name,
+                tenant_id=job.tenant_id,
                 status="approved",
                 test_results=results,
                 rejection_reason=None,
@@ -429,11 +435,12 @@ class JobPipeline:
             failed_results: dict[str, Any] | None = (
                 exc.args[1] if isinstance(exc, BuildRejected) and len(exc.args) > 1 else None
             )
-            if built is not None:
+            if registered is not None:
                 with contextlib.suppress(ToolmeshError):
                     await asyncio.to_thread(
                         self._repo.record_audit,
-                        built.name,
+                        registered.name,
+                        tenant_id=job.tenant_id,
                         status="rejected",
                         test_results=failed_results,
                         rejection_reason=reason,

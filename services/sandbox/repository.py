@@ -257,14 +257,19 @@ class SqlSandboxRepository:
         self,
         name: str,
         *,
+        tenant_id: str,
         status: str,
         test_results: dict[str, Any] | None,
         rejection_reason: str | None,
     ) -> CustomTool:
+        """Record a build job's audit on `tenant_id`'s custom tool `name` (never another
+        tenant's tool of that name: NotFound)."""
         with translate_db_errors(), self._sessions.begin() as s:
             row = s.scalar(
                 select(ToolDefinitionRow).where(
-                    ToolDefinitionRow.name == name, ToolDefinitionRow.tool_type == "custom"
+                    ToolDefinitionRow.name == name,
+                    ToolDefinitionRow.tool_type == "custom",
+                    ToolDefinitionRow.tenant_id == tenant_id,
                 )
             )
             if row is None:

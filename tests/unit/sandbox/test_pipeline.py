@@ -21,7 +21,7 @@ from services.sandbox.core import Sandbox
 from services.sandbox.host import Limits, WorkerPool
 from services.sandbox.pipeline import JobPipeline, parse_json_reply
 from services.sandbox.repository import CustomTool, LeaseLost, SqlSandboxRepository
-from shared.errors import AlreadyExists
+from shared.errors import AlreadyExists, NotFound
 from shared.llm.client import LLMClient, create_llm_client_for_role
 from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
 
@@ -313,10 +313,42 @@ async def test_a_worker_renews_its_lease_and_lets_the_job_go_when_it_is_taken_ov
     assert repo.get("word_count") is None  # a wrote nothing after losing the lease
 
 
+@ASYNC
+async def test_a_job_whose_model_names_another_tenants_tool_never_touches_it(
+    sessions: sessionmaker[Session],
+    pool: WorkerPool,
+    fake: FakeAnthropic,
+    llm: Callable[[str], LLMClient],
+) -> None:
+    """A rejected build recorded its rejection on whatever custom tool bore the name the model
+    chose: a request steering the model to another tenant's tool name rejected that tool."""
+    pipe, repo = pipeline(sessions, pool, llm)
+    theirs = repo.register(
+        CustomTool(name="word_count", implementation="result = 1", tenant_id="t2")
+    )
+    repo.record_audit(
+        theirs.name, tenant_id="t2", status="approved", test_results=None, rejection_reason=None
+    )
+    for code in ("result = (", GOOD_BUILD["code"]):  # refused as invalid, then as taken
+        fake.script(Reply(text=json.dumps({**GOOD_BUILD, "code": code})))
+        repo.create_job(tenant_id="t1", tool_name="", spec={"request": "count words"})
+        done = await pipe.run_once()
+        assert done is not None and done.status in ("rejected", "failed"), done
+    after = repo.get("word_count")
+    assert after is not None and (after.tenant_id, after.status) == ("t2", "approved")
+    assert after.rejection_reason is None and after.implementation == "result = 1"
+    with pytest.raises(NotFound):
+        repo.record_audit(
+            "word_count", tenant_id="t1", status="rejected", test_results=None, rejection_reason="x"
+        )
+
+
 def test_registration_bumps_the_version_and_guards_names(sessions: sessionmaker[Session]) -> None:
     repo = SqlSandboxRepository(sessions)
     first = repo.register(CustomTool(name="mine", implementation="result = 1", tenant_id="t1"))
-    repo.record_audit("mine", status="approved", test_results=None, rejection_reason=None)
+    repo.record_audit(
+        "mine", tenant_id="t1", status="approved", test_results=None, rejection_reason=None
+    )
     second = repo.register(CustomTool(name="mine", implementation="result = 2", tenant_id="t1"))
     assert (first.version, second.version) == (1, 2)
     assert second.status == "draft" and second.implementation == "result = 2"
