@@ -98,7 +98,16 @@ async def serve(settings: Settings, port: int) -> None:
         max_in_flight=settings.max_in_flight,
         auth=mesh_auth(
             settings.api_keys_file,
-            admin_methods=("SeedSystemTools", "UpsertTools", "DeleteTools", "SetToolStatus"),
+            # ExecuteTool(Stream) too: a tool call from outside the mesh goes through the
+            # dispatcher, whose policy rules, rate limits, budgets and log it would bypass.
+            admin_methods=(
+                "SeedSystemTools",
+                "UpsertTools",
+                "DeleteTools",
+                "SetToolStatus",
+                "ExecuteTool",
+                "ExecuteToolStream",
+            ),
         ),
     )
     # Composition re-enters the registry: an explicit address (e.g. a load balancer) wins,

@@ -138,8 +138,10 @@ def test_a_capped_key_cannot_claim_more_capabilities_at_an_internal_service(iso:
         input_json=json.dumps({"tenant": "iso-b"}),
         context=pb.CallContext(tenant_id="iso-a", capabilities=["analyst", "telemetry_admin"]),
     )
+    # Running a tool at the registry directly needs an admin key at all (it would bypass the
+    # dispatcher's policy, budgets and log); the capability cap is checked for the surface.
     code, detail = refused(registry.ExecuteTool, peek)
-    assert code == grpc.StatusCode.PERMISSION_DENIED and "telemetry_admin" in detail
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "admin" in detail
     code, _ = refused(
         stub(iso, "registry", CAPPED_A, registry_pb2_grpc.RegistryServiceStub).ExecuteToolStream,
         rpb.ExecuteToolStreamRequest(
@@ -148,18 +150,12 @@ def test_a_capped_key_cannot_claim_more_capabilities_at_an_internal_service(iso:
     )
     assert code == grpc.StatusCode.PERMISSION_DENIED
     surface = stub(iso, "surface", CAPPED_A, surface_pb2_grpc.SurfaceServiceStub)
-    code, _ = refused(
+    code, detail = refused(
         surface.AssembleTools,
         supb.AssembleToolsRequest(tenant_id="iso-a", capabilities=["telemetry_admin"]),
     )
-    assert code == grpc.StatusCode.PERMISSION_DENIED
-    # What the key may claim still works, and so does the same claim with an uncapped key.
-    mine = rpb.ExecuteToolRequest(
-        name="ping",
-        input_json="{}",
-        context=pb.CallContext(tenant_id="iso-a", capabilities=["analyst"]),
-    )
-    assert registry.ExecuteTool(mine, timeout=30).result.envelope.HasField("ok")
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "telemetry_admin" in detail
+    # What the key may claim still works.
     surface.AssembleTools(
         supb.AssembleToolsRequest(tenant_id="iso-a", capabilities=["analyst"]), timeout=30
     )
