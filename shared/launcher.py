@@ -77,16 +77,20 @@ def start_services(
     env: Mapping[str, str],
     timeout: float = 60.0,
     echo_output: bool = False,
+    own_process_group: bool = False,
 ) -> list[ServiceProcess]:
     """Start several services at once, then wait until every one is ready: their start-ups
     (seconds of imports each) overlap. No service needs another to be up to start (clients
     connect lazily and background work retries), so only their addresses must be known in
-    advance. If one fails, every one started is stopped and the error names it."""
+    advance. If one fails, every one started is stopped and the error names it. With
+    `own_process_group`, the services run in a process group of their own: a Ctrl-C in the
+    terminal (sent to the foreground group) reaches only the caller, which stops them."""
     return _start_all(
         [(name, ["-m", f"services.{name}", "--port", str(port)]) for name, port in services],
         env=env,
         timeout=timeout,
         echo_output=echo_output,
+        own_process_group=own_process_group,
     )
 
 
@@ -108,10 +112,11 @@ def _start_all(
     env: Mapping[str, str],
     timeout: float,
     echo_output: bool,
+    own_process_group: bool = False,
 ) -> list[ServiceProcess]:
     """Spawn every (name, python args), then wait for each one's ready line within one
     deadline; on any failure stop all of them."""
-    pending = [_spawn(name, args, env, echo_output) for name, args in commands]
+    pending = [_spawn(name, args, env, echo_output, own_process_group) for name, args in commands]
     deadline = time.monotonic() + timeout
     try:
         return [_await_ready(p, deadline, timeout) for p in pending]
@@ -129,7 +134,11 @@ class _Pending(ServiceProcess):
 
 
 def _spawn(
-    name: str, python_args: Sequence[str], env: Mapping[str, str], echo_output: bool
+    name: str,
+    python_args: Sequence[str],
+    env: Mapping[str, str],
+    echo_output: bool,
+    own_process_group: bool = False,
 ) -> _Pending:
     process = subprocess.Popen(
         [sys.executable, *python_args],
@@ -139,6 +148,7 @@ def _spawn(
         stderr=subprocess.STDOUT,
         text=True,
         bufsize=1,
+        process_group=0 if own_process_group else None,
     )
     assert process.stdout is not None
     pending = _Pending(name, process, "")

@@ -7,46 +7,13 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
 from types import FrameType
 
 from shared.config import IMPLEMENTED_SERVICES, Settings
 from shared.db.engine import upgrade
 from shared.errors import ToolmeshError
 from shared.launcher import LaunchError, ServiceProcess, service_env, start_services
-
-
-def _without_sigint(
-    start: Callable[[], list[ServiceProcess]],
-) -> Callable[[], list[ServiceProcess]]:
-    """`start` run in a thread of its own that blocks SIGINT: the processes it spawns inherit
-    that signal mask, so a Ctrl-C in the terminal (sent to the whole foreground process group)
-    reaches only `toolmesh up`, which stops them with SIGTERM. Otherwise a Ctrl-C during
-    start-up kills each service mid-import with a KeyboardInterrupt traceback, and `up`
-    reports them as crashed. Returns a `join` that re-raises what `start` raised."""
-    started: list[list[ServiceProcess]] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            started.append(start())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="toolmesh-up-start", daemon=True)
-    thread.start()
-
-    def join() -> list[ServiceProcess]:
-        while thread.is_alive():
-            thread.join(0.2)  # a signal's handler runs in the main thread meanwhile
-        if failed:
-            raise failed[0]
-        return started[0]
-
-    return join
 
 
 def run_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -104,14 +71,15 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     started: list[ServiceProcess] = []
     code = 0
     try:
-        join = _without_sigint(
-            lambda: start_services(
-                [(name, settings.ports[name]) for name in IMPLEMENTED_SERVICES],
-                env=env,
-                echo_output=not args.quiet,
-            )
+        # In a process group of their own: a Ctrl-C in the terminal (sent to the foreground
+        # group) reaches only `toolmesh up`, which stops them with SIGTERM, instead of killing
+        # each service mid-import with a KeyboardInterrupt traceback during start-up.
+        started = start_services(
+            [(name, settings.ports[name]) for name in IMPLEMENTED_SERVICES],
+            env=env,
+            echo_output=not args.quiet,
+            own_process_group=True,
         )
-        started = join()
         if stopping:  # stopped while starting: not an error
             return code
         for proc in started:
