@@ -1,10 +1,15 @@
-"""API keys: who is calling. With TOOLMESH_API_KEYS_FILE set, the dispatcher (the mesh's edge)
-and the sandbox's administrative RPCs (custom tools, their review, build jobs) require
-`authorization: Bearer <key>` on every call. At the dispatcher the key's principal decides the
-tenant (a request's own tenant_id is overwritten, never trusted), caps the capabilities a call
-may claim, and scopes the log, events, cancellation and policy administration; at the sandbox a
-request naming a tenant the key may not act for is PERMISSION_DENIED. Without the file both run
-open (a trusted mesh, or development): the request's tenant_id is taken as given.
+"""API keys: who is calling. With TOOLMESH_API_KEYS_FILE set, every service checks them: each
+call (health and reflection aside) needs `authorization: Bearer <key>` with a known key.
+At the dispatcher (the mesh's edge) the key's principal decides the tenant (a request's own
+tenant_id is overwritten, never trusted), caps the capabilities a call may claim, and scopes the
+log, events, cancellation and policy administration. The registry, sandbox, mcp_bridge and
+surface check keys with shared.server.MeshAuth: their administrative and mesh-internal RPCs
+(the registry's tool writes and ExecuteTool, the sandbox's Execute, every mcp_bridge RPC, the
+surface's DeriveTier0, UpsertModelConfig and GetWorkingSet) need an admin key, and elsewhere a
+non-admin key must name a tenant it may act for (PERMISSION_DENIED otherwise) and claim only
+capabilities it may; the services call each other with their own admin key
+(TOOLMESH_API_KEY). Without the file every service runs open (a trusted mesh, or development):
+the request's tenant_id is taken as given.
 
 The keys file is JSON — only SHA-256 digests of keys are stored, never the keys:
 

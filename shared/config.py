@@ -165,7 +165,13 @@ class Settings:
     tracing             TOOLMESH_TRACING, default on — OpenTelemetry spans on every hop.
     otlp_endpoint       OTEL_EXPORTER_OTLP_ENDPOINT (standard); empty exports nothing.
     otlp_protocol       OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
-                        (standard): "grpc" (default) or "http/protobuf".
+                        (standard): "grpc" (default) or "http/protobuf" — for spans.
+    otlp_metrics_protocol  OTEL_EXPORTER_OTLP_METRICS_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL
+                        (standard), the same choice for metrics. TLS follows the standard
+                        variables (shared/telemetry/endpoints.py): an https:// endpoint, or
+                        OTEL_EXPORTER_OTLP_INSECURE=false for a bare host:port, exports over TLS
+                        trusting OTEL_EXPORTER_OTLP_CERTIFICATE (with _CLIENT_CERTIFICATE /
+                        _CLIENT_KEY for mTLS); http:// or a bare host:port is plaintext.
     log_level           TOOLMESH_LOG_LEVEL, default INFO.
     event_loop          TOOLMESH_EVENT_LOOP, default uvloop — the services' event loop: uvloop,
                         or asyncio (the standard loop; also used when uvloop is not installed).
@@ -211,11 +217,14 @@ class Settings:
                         concurrency_limit.
     sandbox_job_workers TOOLMESH_SANDBOX_JOB_WORKERS, default 1 — tool-build job workers per
                         sandbox process (0: this replica claims no jobs).
-    api_keys_file       TOOLMESH_API_KEYS_FILE, default none (the dispatcher runs open) — JSON of
-                        API key digests and their tenants (shared/auth.py); when set, the
-                        dispatcher authenticates every call and takes its tenant from the key,
-                        and the sandbox's administrative RPCs need a key allowed for their
-                        tenant. Clients send TOOLMESH_API_KEY as `authorization: Bearer`.
+    api_keys_file       TOOLMESH_API_KEYS_FILE, default none (every service runs open) — JSON of
+                        API key digests and their tenants (shared/auth.py); when set, every
+                        service given it authenticates every call (health and reflection
+                        aside): the dispatcher takes the tenant from the key, and the registry,
+                        sandbox, mcp_bridge and surface (shared.server.MeshAuth) require an admin
+                        key for their administrative and mesh-internal RPCs and a key allowed
+                        for the tenant elsewhere. Clients, and the services calling each other,
+                        send TOOLMESH_API_KEY as `authorization: Bearer`.
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd
@@ -263,6 +272,7 @@ class Settings:
     tracing: bool = True
     otlp_endpoint: str = ""
     otlp_protocol: str = "grpc"
+    otlp_metrics_protocol: str = "grpc"
     log_level: str = "INFO"
     event_loop: str = "uvloop"
     mux: MuxSettings = field(default_factory=MuxSettings)
@@ -343,6 +353,11 @@ class Settings:
             otlp_endpoint=_endpoint(env, "OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_protocol=(
                 env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc"
+            ).strip(),
+            otlp_metrics_protocol=(
+                env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                 or "grpc"
             ).strip(),

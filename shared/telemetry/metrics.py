@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import metrics
 
 from shared.telemetry import semconv
+from shared.telemetry.endpoints import HTTP_PROTOCOLS, grpc_insecure, http_url
 
 if TYPE_CHECKING:
     from shared.config import Settings
@@ -135,14 +136,27 @@ def setup_metrics(service: str, settings: Settings) -> None:
         return
     if os.environ.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower() == "none":
         return
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
-    reader = draining(PeriodicExportingMetricReader)(
-        OTLPMetricExporter(endpoint=endpoint, insecure=True)
-    )
+    reader = draining(PeriodicExportingMetricReader)(metric_exporter(settings))
     install(service, reader)
+
+
+def metric_exporter(settings: Settings) -> Any:
+    """OTLP over gRPC (default) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_METRICS_PROTOCOL (or
+    OTEL_EXPORTER_OTLP_PROTOCOL) says, to OTEL_EXPORTER_OTLP_ENDPOINT; TLS as for spans
+    (shared.telemetry.endpoints: https:// or OTEL_EXPORTER_OTLP_INSECURE=false is TLS with the
+    standard certificate variables, http:// or a bare host:port is plaintext)."""
+    endpoint = settings.otlp_endpoint
+    if settings.otlp_metrics_protocol.lower() in HTTP_PROTOCOLS:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as HttpMetricExporter,
+        )
+
+        return HttpMetricExporter(endpoint=http_url(endpoint, "metrics"))
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter(endpoint=endpoint, insecure=grpc_insecure(endpoint, "metrics"))
 
 
 def draining(reader_type: type[MetricReaderT]) -> type[MetricReaderT]:

@@ -1,5 +1,6 @@
 """Tracing and logging setup. One TracerProvider per process, exporting over OTLP to the
-endpoint of OTEL_EXPORTER_OTLP_ENDPOINT; W3C trace context propagates on gRPC metadata."""
+endpoint of OTEL_EXPORTER_OTLP_ENDPOINT (plaintext or TLS as the standard OTEL_EXPORTER_OTLP_*
+variables say); W3C trace context propagates on gRPC metadata."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from shared.config import Settings
 from shared.telemetry import semconv
+from shared.telemetry.endpoints import HTTP_PROTOCOLS, grpc_insecure, http_url
 from shared.telemetry.lean import LeanTracerProvider
 
 TRACER_NAME = "toolmesh"
@@ -57,22 +59,23 @@ def setup_tracing(service: str, settings: Settings) -> TracerProvider | None:
 def span_exporter(settings: Settings) -> SpanExporter:
     """OTLP over gRPC (default; the library's exporter with the faster encoder of
     shared.telemetry.otlp) or HTTP/protobuf, as OTEL_EXPORTER_OTLP_PROTOCOL (or its
-    traces-specific variant) says; the endpoint is OTEL_EXPORTER_OTLP_ENDPOINT. Imported lazily:
-    each exporter pulls in its own transport machinery."""
-    protocol = settings.otlp_protocol
-    if protocol in ("http/protobuf", "http"):
+    traces-specific variant) says; the endpoint is OTEL_EXPORTER_OTLP_ENDPOINT. TLS follows the
+    standard variables, applied by the exporter (shared.telemetry.endpoints): https:// (or
+    OTEL_EXPORTER_OTLP_INSECURE=false) is TLS with OTEL_EXPORTER_OTLP_CERTIFICATE and the client
+    certificate and key; http:// or a bare host:port is plaintext. Imported lazily: each
+    exporter pulls in its own transport machinery."""
+    if settings.otlp_protocol.lower() in HTTP_PROTOCOLS:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
             OTLPSpanExporter as HttpSpanExporter,
         )
 
-        base = settings.otlp_endpoint.rstrip("/")
-        if not base.startswith(("http://", "https://")):
-            base = f"http://{base}"
-        return HttpSpanExporter(endpoint=f"{base}/v1/traces")
+        return HttpSpanExporter(endpoint=http_url(settings.otlp_endpoint, "traces"))
     from shared.telemetry.otlp import FastOTLPSpanExporter
 
-    endpoint = settings.otlp_endpoint.removeprefix("http://").removeprefix("https://")
-    return FastOTLPSpanExporter(endpoint=endpoint, insecure=True)
+    return FastOTLPSpanExporter(
+        endpoint=settings.otlp_endpoint,
+        insecure=grpc_insecure(settings.otlp_endpoint, "traces"),
+    )
 
 
 def shutdown_tracing() -> None:
