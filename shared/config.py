@@ -3,6 +3,7 @@ settings object. Every default is documented here and in the README."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -35,23 +36,32 @@ def _bool(value: str | None, default: bool) -> bool:
 
 
 def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    """A number of seconds, dollars or the like: finite and not negative (every setting read
+    this way is one; `nan` or `-1` made timeouts that never or always fired)."""
     raw = env.get(key, "")
     if raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError as exc:
         raise ValueError(f"{key}={raw!r} is not a number") from exc
+    if not 0 <= value < math.inf:  # NaN fails too
+        raise ValueError(f"{key}={raw!r} is not a finite number of at least 0")
+    return value
 
 
 def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    """A count, size or id: not negative (every setting read this way is one)."""
     raw = env.get(key, "")
     if raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise ValueError(f"{key}={raw!r} is not an integer") from exc
+    if value < 0:
+        raise ValueError(f"{key}={raw!r} is negative")
+    return value
 
 
 def _bounded_float(

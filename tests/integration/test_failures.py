@@ -232,6 +232,18 @@ def _children() -> set[int]:
             {"TOOLMESH_MUX_STREAMS": "0"},
             "configuration error: TOOLMESH_MUX_STREAMS=0 is not between 1 and 64",
         ),
+        (
+            {"TOOLMESH_TOOL_TIMEOUT_S": "nan"},
+            "configuration error: TOOLMESH_TOOL_TIMEOUT_S='nan' is not a finite number",
+        ),
+        (
+            {"TOOLMESH_SHUTDOWN_GRACE_S": "-1"},
+            "configuration error: TOOLMESH_SHUTDOWN_GRACE_S='-1' is not",
+        ),
+        (
+            {"TOOLMESH_MAX_INPUT_BYTES": "-5"},
+            "configuration error: TOOLMESH_MAX_INPUT_BYTES='-5' is negative",
+        ),
     ],
 )
 def test_a_malformed_setting_stops_a_service_with_one_line_not_a_traceback(
