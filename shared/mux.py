@@ -146,6 +146,9 @@ class _Connection:
         self.closed = False
         self.retired = False
         self.broken = False  # a write on it failed
+        # Calls a failed write never delivered: sent again on a new stream once this one's end
+        # is known (_end), so an end that disables the stream (UNIMPLEMENTED) is seen first.
+        self.unsent: set[int] = set()
         self.opened = time.monotonic()
         self._outbox: collections.deque[mpb.Call] = collections.deque()
         self._loop = asyncio.get_running_loop()
@@ -202,16 +205,16 @@ class _Connection:
         """A write failed: the server had already ended the stream (a draining server ends an
         idle stream at once, and a call can be written before the client has read that end),
         or the stream broke. The calls in that write, and those queued after it, never reached
-        the server: they are sent again, on a new stream, as after a clean end. The stream
-        takes no more calls; those already on it end UNAVAILABLE (see _end)."""
+        the server: they are sent again, on a new stream, as after a clean end — by _end, once
+        the stream's status is read: a server without MuxService ends it UNIMPLEMENTED, and
+        retrying at once (before the reader saw that) opened stream after stream to it and
+        failed the calls "the call stream kept closing". The stream takes no more calls; those
+        already on it end UNAVAILABLE (see _end)."""
         self.broken = True
         self.closed = True
         self._owner.forget(self)
         self._outbox.clear()
-        for frame in unsent:
-            future = None if frame.cancel else self.pending.pop(frame.call_id, None)
-            if future is not None and not future.done():
-                future.set_result(_RETRY)
+        self.unsent.update(frame.call_id for frame in unsent if not frame.cancel)
 
     async def _read_loop(self) -> None:
         error: grpc.aio.AioRpcError | None = None
@@ -263,9 +266,10 @@ class _Connection:
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the call stream ended")
         pending, self.pending = self.pending, {}
         self.parts.clear()
-        for future in pending.values():
+        unsent = self.unsent
+        for call_id, future in pending.items():
             if not future.done():
-                if retry:
+                if retry or call_id in unsent:
                     future.set_result(_RETRY)
                 else:
                     future.set_exception(error)
