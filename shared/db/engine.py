@@ -17,6 +17,7 @@ from sqlalchemy.exc import (
     DBAPIError,
     NoSuchModuleError,
     OperationalError,
+    ProgrammingError,
 )
 from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -129,7 +130,21 @@ def translate_db_errors() -> Iterator[None]:
     it cannot store into InvalidArgument."""
     try:
         yield
-    except (OperationalError, SAInterfaceError) as exc:
+    except (OperationalError, ProgrammingError) as exc:
+        if _schema_missing(exc):  # a database not migrated to this release (yet)
+            logger.warning("database schema not ready: %s", exc.orig or exc)
+            raise Unavailable(
+                f"the database schema is not migrated to this release ({first_line(exc)}): run "
+                "`toolmesh db upgrade`, or start the registry, which migrates on start",
+                reason="SCHEMA_NOT_READY",
+            ) from exc
+        if isinstance(exc, ProgrammingError):
+            raise
+        logger.warning("database unavailable: %s", exc.orig or exc)
+        raise Unavailable(
+            f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+        ) from exc
+    except SAInterfaceError as exc:
         logger.warning("database unavailable: %s", exc.orig or exc)
         raise Unavailable(
             f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
@@ -150,6 +165,18 @@ def translate_db_errors() -> Iterator[None]:
                 f"database connection lost: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
             ) from exc
         raise
+
+
+# PostgreSQL's undefined table / column; SQLite says it in words.
+_SCHEMA_SQLSTATES = frozenset({"42P01", "42703"})
+_SQLITE_SCHEMA_MISSING = ("no such table", "no such column")
+
+
+def _schema_missing(exc: DBAPIError) -> bool:
+    """Whether `exc` says a table or column this release uses does not exist."""
+    if getattr(exc.orig, "sqlstate", None) in _SCHEMA_SQLSTATES:
+        return True
+    return str(exc.orig).startswith(_SQLITE_SCHEMA_MISSING)
 
 
 def first_line(exc: BaseException, default: str = "") -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,33 @@ def test_an_in_memory_sqlite_engine_still_opens() -> None:
                 assert conn.execute(text("SELECT 1")).scalar() == 1
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_a_database_not_migrated_yet_is_unavailable_schema_not_ready(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """A dispatcher started before the registry migrated a fresh database: on PostgreSQL its
+    reads failed INTERNAL (an undefined table is a ProgrammingError); now both backends answer
+    UNAVAILABLE, retryable, saying how to migrate."""
+    if backend == "postgres":
+        from tests.support.postgres import create_database
+
+        admin = request.getfixturevalue("postgres_admin_url")
+        url = create_database(admin, f"unmigrated_{uuid.uuid4().hex[:12]}")
+    else:
+        url = f"sqlite:///{tmp_path}/fresh.db"
+    engine = make_engine(url)
+    try:
+        for sql in ("SELECT count(*) FROM tool_execution_log", "SELECT no_such_column FROM x"):
+            with (
+                pytest.raises(Unavailable, match="toolmesh db upgrade") as raised,
+                translate_db_errors(),
+                engine.connect() as conn,
+            ):
+                conn.execute(text(sql))
+            assert raised.value.reason == "SCHEMA_NOT_READY"
+    finally:
+        engine.dispose()
