@@ -48,9 +48,13 @@ def normalize_url(url: str) -> str:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+    # The busy timeout first, so what follows waits for a lock rather than failing; and WAL is
+    # set only on a file not in WAL yet: switching needs a lock another process's checkpoint
+    # may hold, and a new connection answered "database is locked" under load.
     cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
     cur.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
