@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from shared.config import Settings
 from shared.costs import CostAccount
 from shared.telemetry import metrics
-from shared.telemetry.tracing import current_trace_id
 from shared.telemetry.usage import UsageEntry, UsageLog
 
 if TYPE_CHECKING:
@@ -206,21 +205,13 @@ class ToolContext:
         reply = await client.complete(
             messages, system=system, max_output_tokens=max_output_tokens, tools=tools
         )
-        entry = UsageEntry(
+        entry = UsageEntry.of_llm_reply(
+            reply,
             tenant_id=self.tenant_id,
             tool_name=self.tool_name,
-            kind="llm",
-            cost_usd=reply.cost_usd,
             user_id=self.user_id,
             conversation_id=self.conversation_id,
             tool_use_id=self.tool_use_id,
-            trace_id=current_trace_id(),
-            provider=reply.provider,
-            model=reply.model,
-            input_tokens=reply.usage.input_tokens,
-            output_tokens=reply.usage.output_tokens,
-            cache_read_tokens=reply.usage.cache_read_tokens,
-            cache_write_tokens=reply.usage.cache_write_tokens,
         )
         if self.usage is not None:
             await asyncio.to_thread(self.usage.record, entry)

@@ -53,7 +53,7 @@ from shared.errors import (
 from shared.llm.client import LLMClient, LLMReply
 from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
 from shared.llm.prompts import TOOL_AUDITOR_SYSTEM, TOOL_BUILDER_SYSTEM
-from shared.telemetry.tracing import current_trace_id, tracer
+from shared.telemetry.tracing import tracer
 from shared.telemetry.usage import UsageEntry, UsageLog
 
 logger = logging.getLogger(__name__)
@@ -97,20 +97,12 @@ class JobSpend:
         self.calls += 1
         if self.usage is None or self.job is None:
             return
-        entry = UsageEntry(
+        entry = UsageEntry.of_llm_reply(
+            reply,
             tenant_id=self.job.tenant_id,
             tool_name=role,
-            kind="llm",
-            cost_usd=reply.cost_usd,
             conversation_id=self.job.conversation_id or "",
             tool_use_id=f"job:{self.job.id}",
-            trace_id=current_trace_id(),
-            provider=reply.provider,
-            model=reply.model,
-            input_tokens=reply.usage.input_tokens,
-            output_tokens=reply.usage.output_tokens,
-            cache_read_tokens=reply.usage.cache_read_tokens,
-            cache_write_tokens=reply.usage.cache_write_tokens,
         )
         try:
             await asyncio.to_thread(self.usage.record, entry)

@@ -5,13 +5,17 @@ The dispatcher reads a conversation's total to enforce the per-conversation ceil
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.engine import translate_db_errors
 from shared.db.models import UsageLogRow
+from shared.telemetry.tracing import current_trace_id
+
+if TYPE_CHECKING:
+    from shared.llm.client import LLMReply
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,36 @@ class UsageEntry:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+
+    @classmethod
+    def of_llm_reply(
+        cls,
+        reply: LLMReply,
+        *,
+        tenant_id: str,
+        tool_name: str,
+        user_id: str = "",
+        conversation_id: str = "",
+        tool_use_id: str = "",
+    ) -> UsageEntry:
+        """The usage_log row of one LLM call: its cost, model and tokens, in the current
+        trace."""
+        return cls(
+            tenant_id=tenant_id,
+            tool_name=tool_name,
+            kind="llm",
+            cost_usd=reply.cost_usd,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            tool_use_id=tool_use_id,
+            trace_id=current_trace_id(),
+            provider=reply.provider,
+            model=reply.model,
+            input_tokens=reply.usage.input_tokens,
+            output_tokens=reply.usage.output_tokens,
+            cache_read_tokens=reply.usage.cache_read_tokens,
+            cache_write_tokens=reply.usage.cache_write_tokens,
+        )
 
 
 class UsageLog(Protocol):
