@@ -14,15 +14,11 @@ from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory
 from shared.db.inline import LoopConnection
-from shared.server import (
-    ServiceBinding,
-    create_server,
-    install_stop_signals,
-    serve_until_signalled,
-)
-from shared.service_main import announce_ready, freeze_startup_heap, service_main
-from shared.telemetry.metrics import setup_metrics, shutdown_metrics
-from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.server import ServiceBinding, install_stop_signals
+from shared.service_lifecycle import serve_service
+from shared.service_main import service_main
+from shared.telemetry.metrics import setup_metrics
+from shared.telemetry.tracing import setup_tracing
 from shared.telemetry.usage import SqlUsageLog
 from toolmesh.dispatcher.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 
@@ -51,27 +47,12 @@ async def serve(settings: Settings, port: int) -> None:
         effects_store=effects_store,
     )
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
-    server, bound, health = await create_server(
-        [
-            ServiceBinding(
-                dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server,
-                DispatcherServicer(
-                    core,
-                    log,
-                    ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
-                    ExportFiles(effects_store, settings.data_dir),
-                ),
-                dispatcher_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name,
-            )
-        ],
-        host=settings.host,
-        port=port,
-        tracing=settings.tracing,
-        max_in_flight=settings.max_in_flight,
-        trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
+    servicer = DispatcherServicer(
+        core,
+        log,
+        ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
+        ExportFiles(effects_store, settings.data_dir),
     )
-    freeze_startup_heap()
-    announce_ready(SERVICE, f"{settings.host}:{bound}")
 
     async def on_stop() -> None:
         await core.close()
@@ -80,10 +61,20 @@ async def serve(settings: Settings, port: int) -> None:
         if loop_db is not None:
             loop_db.close()
         engine.dispose()
-        shutdown_tracing()
-        shutdown_metrics()
 
-    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+    await serve_service(
+        SERVICE,
+        settings,
+        port,
+        ServiceBinding(
+            dispatcher_pb2_grpc.add_DispatcherServiceServicer_to_server,
+            servicer,
+            dispatcher_pb2.DESCRIPTOR.services_by_name["DispatcherService"].full_name,
+        ),
+        stop=stop,
+        on_stop=on_stop,
+        trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
+    )
 
 
 def main() -> None:

@@ -14,16 +14,11 @@ from shared.clients import MeshClients
 from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.errors import FailedPrecondition
-from shared.server import (
-    ServiceBinding,
-    create_server,
-    install_stop_signals,
-    mesh_auth,
-    serve_until_signalled,
-)
-from shared.service_main import announce_ready, freeze_startup_heap, service_main
-from shared.telemetry.metrics import setup_metrics, shutdown_metrics
-from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.server import ServiceBinding, install_stop_signals, mesh_auth
+from shared.service_lifecycle import serve_service
+from shared.service_main import service_main
+from shared.telemetry.metrics import setup_metrics
+from shared.telemetry.tracing import setup_tracing
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2, mcp_bridge_pb2_grpc
 
 SERVICE = "mcp_bridge"
@@ -53,35 +48,32 @@ async def serve(settings: Settings, port: int) -> None:
         export_max_bytes=settings.mcp_export_max_bytes,
         destructive_capability=settings.mcp_destructive_capability,
     )
-    server, bound, health = await create_server(
-        [
-            ServiceBinding(
-                mcp_bridge_pb2_grpc.add_McpBridgeServiceServicer_to_server,
-                McpBridgeServicer(core),
-                mcp_bridge_pb2.DESCRIPTOR.services_by_name["McpBridgeService"].full_name,
-            )
-        ],
-        host=settings.host,
-        port=port,
-        tracing=settings.tracing,
-        max_in_flight=settings.max_in_flight,
-        # Connections run commands and reach URLs: only the mesh's own (admin) keys.
-        auth=mesh_auth(settings.api_keys_file, admin_methods=("*",)),
-    )
-    restored = await core.restore()
-    if restored:
-        logger.info("re-establishing %d stored MCP connections: %s", len(restored), restored)
-    freeze_startup_heap()
-    announce_ready(SERVICE, f"{settings.host}:{bound}")
+
+    async def on_bound(_port: int) -> None:
+        restored = await core.restore()
+        if restored:
+            logger.info("re-establishing %d stored MCP connections: %s", len(restored), restored)
 
     async def on_stop() -> None:
         await core.stop()
         await clients.close()
         engine.dispose()
-        shutdown_metrics()
-        shutdown_tracing()
 
-    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+    await serve_service(
+        SERVICE,
+        settings,
+        port,
+        ServiceBinding(
+            mcp_bridge_pb2_grpc.add_McpBridgeServiceServicer_to_server,
+            McpBridgeServicer(core),
+            mcp_bridge_pb2.DESCRIPTOR.services_by_name["McpBridgeService"].full_name,
+        ),
+        stop=stop,
+        on_stop=on_stop,
+        on_bound=on_bound,
+        # Connections run commands and reach URLs: only the mesh's own (admin) keys.
+        auth=mesh_auth(settings.api_keys_file, admin_methods=("*",)),
+    )
 
 
 def main() -> None:

@@ -18,16 +18,11 @@ from shared.db.engine import make_engine, session_factory, upgrade
 from shared.llm import client as llm_client
 from shared.llm.client import LlmClientCache
 from shared.llm.config import ModelConfigStore
-from shared.server import (
-    ServiceBinding,
-    create_server,
-    install_stop_signals,
-    mesh_auth,
-    serve_until_signalled,
-)
-from shared.service_main import announce_ready, freeze_startup_heap, service_main
-from shared.telemetry.metrics import setup_metrics, shutdown_metrics
-from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.server import ServiceBinding, install_stop_signals, mesh_auth
+from shared.service_lifecycle import serve_service
+from shared.service_main import service_main
+from shared.telemetry.metrics import setup_metrics
+from shared.telemetry.tracing import setup_tracing
 from shared.telemetry.usage import SqlUsageLog
 from toolmesh.registry.v1 import registry_pb2, registry_pb2_grpc
 
@@ -84,18 +79,36 @@ async def serve(settings: Settings, port: int) -> None:
     await asyncio.to_thread(core.seed_system_tools)
     await asyncio.to_thread(core.auto_register_handlers)
     servicer = RegistryServicer(core, max_input_bytes=settings.max_input_bytes, sessions=sessions)
-    server, bound, health = await create_server(
-        [
-            ServiceBinding(
-                registry_pb2_grpc.add_RegistryServiceServicer_to_server,
-                servicer,
-                registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name,
-            )
-        ],
-        host=settings.host,
-        port=port,
-        tracing=settings.tracing,
-        max_in_flight=settings.max_in_flight,
+    clients_box: list[MeshClients] = []
+
+    async def on_bound(bound: int) -> None:
+        # Composition re-enters the registry: an explicit address (e.g. a load balancer) wins,
+        # otherwise this very process.
+        self_address = os.environ.get("TOOLMESH_REGISTRY_ADDR") or f"{settings.host}:{bound}"
+        clients = MeshClients({**settings.addresses, SERVICE: self_address})
+        clients_box.append(clients)
+        caller_box.append(GrpcToolCaller(clients.registry(), settings.tracing))
+        llm_client.warm_up()  # a background import: readiness does not wait for it
+
+    async def on_stop() -> None:
+        core.close()
+        for clients in clients_box:
+            await clients.close()
+        await llm_clients.aclose()
+        engine.dispose()
+
+    await serve_service(
+        SERVICE,
+        settings,
+        port,
+        ServiceBinding(
+            registry_pb2_grpc.add_RegistryServiceServicer_to_server,
+            servicer,
+            registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name,
+        ),
+        stop=stop,
+        on_stop=on_stop,
+        on_bound=on_bound,
         auth=mesh_auth(
             settings.api_keys_file,
             # ExecuteTool(Stream) too: a tool call from outside the mesh goes through the
@@ -110,24 +123,6 @@ async def serve(settings: Settings, port: int) -> None:
             ),
         ),
     )
-    # Composition re-enters the registry: an explicit address (e.g. a load balancer) wins,
-    # otherwise this very process.
-    self_address = os.environ.get("TOOLMESH_REGISTRY_ADDR") or f"{settings.host}:{bound}"
-    clients = MeshClients({**settings.addresses, SERVICE: self_address})
-    caller_box.append(GrpcToolCaller(clients.registry(), settings.tracing))
-    freeze_startup_heap()
-    announce_ready(SERVICE, f"{settings.host}:{bound}")
-    llm_client.warm_up()
-
-    async def on_stop() -> None:
-        core.close()
-        await clients.close()
-        await llm_clients.aclose()
-        engine.dispose()
-        shutdown_tracing()
-        shutdown_metrics()
-
-    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 
 
 def main() -> None:

@@ -18,15 +18,10 @@ from shared.db.engine import make_engine, session_factory, upgrade
 from shared.llm import client as llm_client
 from shared.llm.client import LlmClientCache
 from shared.llm.config import ModelConfigStore
-from shared.server import (
-    ServiceBinding,
-    create_server,
-    install_stop_signals,
-    mesh_auth,
-    serve_until_signalled,
-)
-from shared.service_main import announce_ready, freeze_startup_heap, service_main
-from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.server import ServiceBinding, install_stop_signals, mesh_auth
+from shared.service_lifecycle import serve_service
+from shared.service_main import service_main
+from shared.telemetry.tracing import setup_tracing
 from shared.telemetry.usage import SqlUsageLog
 from toolmesh.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
@@ -79,33 +74,31 @@ async def serve(settings: Settings, port: int) -> None:
         on_job_submitted=workers.wake,
         auth=auth.keys if auth is not None else None,
     )
-    server, bound, health = await create_server(
-        [
-            ServiceBinding(
-                sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
-                servicer,
-                sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
-            )
-        ],
-        host=settings.host,
-        port=port,
-        tracing=settings.tracing,
-        max_in_flight=settings.max_in_flight,
-        auth=auth,
-    )
-    workers.start()
-    freeze_startup_heap()
-    announce_ready(SERVICE, f"{settings.host}:{bound}")
-    llm_client.warm_up()
+
+    async def on_bound(_port: int) -> None:
+        workers.start()
+        llm_client.warm_up()  # a background import: readiness does not wait for it
 
     async def on_stop() -> None:
         await workers.stop()
         await llm_clients.aclose()
         await pool.close()
         engine.dispose()
-        shutdown_tracing()
 
-    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
+    await serve_service(
+        SERVICE,
+        settings,
+        port,
+        ServiceBinding(
+            sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
+            servicer,
+            sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
+        ),
+        stop=stop,
+        on_stop=on_stop,
+        on_bound=on_bound,
+        auth=auth,
+    )
 
 
 def main() -> None:

@@ -20,15 +20,10 @@ from shared.config import Settings
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.errors import ToolmeshError
 from shared.llm.config import ModelConfigStore
-from shared.server import (
-    ServiceBinding,
-    create_server,
-    install_stop_signals,
-    mesh_auth,
-    serve_until_signalled,
-)
-from shared.service_main import announce_ready, freeze_startup_heap, service_main
-from shared.telemetry.tracing import setup_tracing, shutdown_tracing
+from shared.server import ServiceBinding, install_stop_signals, mesh_auth
+from shared.service_lifecycle import serve_service
+from shared.service_main import service_main
+from shared.telemetry.tracing import setup_tracing
 from toolmesh.surface.v1 import surface_pb2, surface_pb2_grpc
 
 SERVICE = "surface"
@@ -62,39 +57,39 @@ async def serve(settings: Settings, port: int) -> None:
         floor_ttl_s=settings.surface_floor_ttl_s,
     )
     await core.catalog()  # loads the catalog and starts embedding tools that lack a vector
-    server, bound, health = await create_server(
-        [
-            ServiceBinding(
-                surface_pb2_grpc.add_SurfaceServiceServicer_to_server,
-                SurfaceServicer(core),
-                surface_pb2.DESCRIPTOR.services_by_name["SurfaceService"].full_name,
-            )
-        ],
-        host=settings.host,
-        port=port,
-        tracing=settings.tracing,
-        max_in_flight=settings.max_in_flight,
+    rederiving: list[asyncio.Future[None]] = []
+
+    async def on_bound(_port: int) -> None:
+        rederiving.append(
+            asyncio.ensure_future(_rederive_periodically(core, settings.surface_derive_interval_s))
+        )
+
+    async def on_stop() -> None:
+        for rederive in rederiving:
+            rederive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await rederive
+        await core.close()
+        engine.dispose()
+
+    await serve_service(
+        SERVICE,
+        settings,
+        port,
+        ServiceBinding(
+            surface_pb2_grpc.add_SurfaceServiceServicer_to_server,
+            SurfaceServicer(core),
+            surface_pb2.DESCRIPTOR.services_by_name["SurfaceService"].full_name,
+        ),
+        stop=stop,
+        on_stop=on_stop,
+        on_bound=on_bound,
         # GetWorkingSet names no tenant, so it shows every tenant's working set: operators only.
         auth=mesh_auth(
             settings.api_keys_file,
             admin_methods=("DeriveTier0", "UpsertModelConfig", "GetWorkingSet"),
         ),
     )
-    rederive = asyncio.ensure_future(
-        _rederive_periodically(core, settings.surface_derive_interval_s)
-    )
-    freeze_startup_heap()
-    announce_ready(SERVICE, f"{settings.host}:{bound}")
-
-    async def on_stop() -> None:
-        rederive.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await rederive
-        await core.close()
-        engine.dispose()
-        shutdown_tracing()
-
-    await serve_until_signalled(server, health, stop, grace_s=settings.grace_s, on_stop=on_stop)
 
 
 def main() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import re
 from pathlib import Path
 
 import pytest
@@ -65,9 +64,60 @@ def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
 
 
 @pytest.mark.parametrize("service", ["registry", "dispatcher", "sandbox", "mcp_bridge", "surface"])
-def test_every_service_freezes_its_heap_just_before_it_announces_readiness(service: str) -> None:
+def test_every_service_is_served_by_the_shared_lifecycle(service: str) -> None:
     source = (Path(__file__).parents[2] / "services" / service / "__main__.py").read_text()
-    assert re.search(r"freeze_startup_heap\(\)\n\s*announce_ready\(", source)
+    assert "await serve_service(" in source
+
+
+async def test_a_service_binds_then_freezes_its_heap_announces_and_stops_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """on_bound sees the bound port before readiness is announced, the start-up heap is frozen
+    by then, and a stop drains, runs on_stop, then flushes telemetry."""
+    from grpc_health.v1 import health_pb2_grpc
+
+    from shared import service_lifecycle
+    from shared.server import ServiceBinding
+
+    steps: list[str] = []
+    monkeypatch.setattr(
+        service_lifecycle,
+        "announce_ready",
+        lambda service, address: steps.append(
+            f"ready {service} frozen={gc.get_freeze_count() > 0}"
+        ),
+    )
+    monkeypatch.setattr(service_lifecycle, "shutdown_tracing", lambda: steps.append("tracing"))
+    monkeypatch.setattr(service_lifecycle, "shutdown_metrics", lambda: steps.append("metrics"))
+    stop = asyncio.Event()
+    bound_ports: list[int] = []
+
+    async def on_bound(port: int) -> None:
+        bound_ports.append(port)
+        steps.append("bound")
+        stop.set()  # stop at once: the service still announces, then drains
+
+    async def on_stop() -> None:
+        steps.append("on_stop")
+        raise RuntimeError("a failing release still lets telemetry flush")
+
+    class Health(health_pb2_grpc.HealthServicer):
+        pass
+
+    binding = ServiceBinding(
+        health_pb2_grpc.add_HealthServicer_to_server, Health(), "grpc.health.v1.Health.Unused"
+    )
+    settings = Settings.from_env({"TOOLMESH_TRACING": "0", "TOOLMESH_SHUTDOWN_GRACE_S": "0.1"})
+    gc.unfreeze()
+    try:
+        with pytest.raises(RuntimeError, match="a failing release"):
+            await service_lifecycle.serve_service(
+                "probe", settings, 0, binding, stop=stop, on_stop=on_stop, on_bound=on_bound
+            )
+    finally:
+        gc.unfreeze()
+    assert bound_ports and bound_ports[0] > 0
+    assert steps == ["bound", "ready probe frozen=True", "on_stop", "tracing", "metrics"]
 
 
 @pytest.mark.parametrize(
