@@ -20,7 +20,6 @@ from shared.cli.render import print_trace
 from shared.config import Settings
 from shared.telemetry import semconv
 from shared.telemetry.collector import (
-    CollectorThread,
     JsonlSpanSink,
     MemorySpanSink,
     ReceivedSpan,
@@ -50,25 +49,16 @@ def fake_llm() -> Iterator[FakeAnthropic]:
     fake.stop()
 
 
-@pytest.fixture(scope="module")
-def telemetry() -> Iterator[tuple[MemorySpanSink, int]]:
-    sink = MemorySpanSink()
-    thread = CollectorThread(sink)
-    port = thread.start()
-    yield sink, port
-    thread.stop()
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def cost_mesh(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    telemetry: tuple[MemorySpanSink, int],
+    collector: tuple[MemorySpanSink, int],
     fake_llm: FakeAnthropic,
 ) -> Iterator[Mesh]:
     tmp = tmp_path_factory.mktemp(f"cost-{request.param}")
     url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = telemetry
+    sink, port = collector
     mesh = start_mesh(
         request.param,
         url,

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from shared.telemetry.collector import MemorySpanSink, ReceivedSpan
 from tests.conftest import BACKENDS, fresh_database_url
 from tests.integration.conftest import Mesh, free_ports, start_mesh
 from tests.mcp_servers.install import NotInstallable, server_everything
+from tests.support.waiting import wait_for
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
@@ -33,17 +34,6 @@ pytestmark = pytest.mark.integration
 
 RAW = [sys.executable, "-m", "tests.mcp_servers.raw_server"]
 ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.05)
 
 
 def children_of(pid: int) -> set[int]:

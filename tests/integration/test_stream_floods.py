@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -22,6 +21,7 @@ import pytest
 from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import fresh_database_url
 from tests.integration.conftest import Mesh, free_ports, start_mesh
+from tests.support.waiting import wait_for
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
@@ -49,17 +49,6 @@ def rss_kb(pid: int) -> int:
 def cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.05)
 
 
 def settle(pids: list[int], timeout: float = 90.0) -> None:

@@ -7,7 +7,6 @@ embeddings cleared on a description change and recomputed, model configs, and ba
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
 from tests.conftest import BACKENDS, fresh_database_url
 from tests.integration.conftest import Mesh, free_ports
+from tests.support.waiting import wait_for
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.surface.v1 import surface_pb2 as spb
 from toolmesh.surface.v1 import surface_pb2_grpc
@@ -179,17 +179,6 @@ def search(
 
 def names(response: spb.AssembleToolsResponse) -> list[str]:
     return [t.name for t in response.tools]
-
-
-def wait_for(condition, timeout: float = 60.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def rpc_error(exc: grpc.RpcError):  # type: ignore[no-untyped-def]

@@ -9,11 +9,9 @@ result or an Err naming the problem, with the pool still serving."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from services.sandbox.cgroups import host_pid
 from services.sandbox.core import Sandbox, outcome_to_result
@@ -26,14 +24,6 @@ from tests.unit.sandbox.test_hostile import ESCAPE
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 LIMITS = Limits(wall_seconds=20, cpu_seconds=5, memory_bytes=256 << 20, output_bytes=256 << 10)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def pool() -> AsyncIterator[WorkerPool]:
-    pool = WorkerPool(size=2)
-    await pool.start()
-    yield pool
-    await pool.close()
 
 
 async def run(pool: WorkerPool, code: str, limits: Limits = LIMITS) -> RunOutcome:

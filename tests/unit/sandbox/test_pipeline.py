@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import pytest_asyncio
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.sandbox.core import Sandbox
@@ -23,7 +22,7 @@ from services.sandbox.pipeline import JobPipeline, parse_json_reply
 from services.sandbox.repository import CustomTool, LeaseLost, SqlSandboxRepository
 from shared.errors import AlreadyExists, NotFound
 from shared.llm.client import LLMClient, create_llm_client_for_role
-from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
+from tests.support.fake_anthropic import FakeAnthropic, Reply
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,35 +40,6 @@ GOOD_BUILD = {
         {"inputs": {"text": ""}, "expect": "0"},
     ],
 }
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def pool() -> AsyncIterator[WorkerPool]:
-    pool = WorkerPool(size=2)
-    await pool.start()
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeAnthropic]:
-    with running_fake() as f:
-        yield f
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def llm(fake: FakeAnthropic) -> AsyncIterator[Callable[[str], LLMClient]]:
-    """Clients of the fake, closed after the test."""
-    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake.base_url}
-    made: list[LLMClient] = []
-
-    def for_role(role: str) -> LLMClient:
-        made.append(create_llm_client_for_role(role, None, env=env, max_retries=0))
-        return made[-1]
-
-    yield for_role
-    for client in made:
-        await client.aclose()
 
 
 def pipeline(

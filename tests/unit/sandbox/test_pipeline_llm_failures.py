@@ -7,20 +7,19 @@ usage_log once — also when the reply turned out unusable."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import pytest_asyncio
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.sandbox.core import Sandbox
 from services.sandbox.host import WorkerPool
 from services.sandbox.pipeline import JobPipeline
 from services.sandbox.repository import SqlSandboxRepository
-from shared.llm.client import LLMClient, Usage, cost_usd, create_llm_client_for_role
+from shared.llm.client import LLMClient, Usage, cost_usd
 from shared.llm.config import DEFAULT_MODEL_CONFIGS
 from shared.telemetry.usage import UsageEntry
-from tests.support.fake_anthropic import FakeAnthropic, Reply, overloaded, running_fake
+from tests.support.fake_anthropic import FakeAnthropic, Reply, overloaded
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 SONNET, HAIKU = DEFAULT_MODEL_CONFIGS
@@ -43,34 +42,6 @@ class MemoryUsage:
 
     def conversation_spent(self, tenant_id: str, conversation_id: str) -> float:
         return sum(e.cost_usd for e in self.entries)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def pool() -> AsyncIterator[WorkerPool]:
-    pool = WorkerPool(size=1)
-    await pool.start()
-    yield pool
-    await pool.close()
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeAnthropic]:
-    with running_fake() as f:
-        yield f
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def llm(fake: FakeAnthropic) -> AsyncIterator[Callable[[str], LLMClient]]:
-    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake.base_url}
-    made: list[LLMClient] = []
-
-    def for_role(role: str) -> LLMClient:
-        made.append(create_llm_client_for_role(role, None, env=env, max_retries=0))
-        return made[-1]
-
-    yield for_role
-    for client in made:
-        await client.aclose()
 
 
 def pipeline(
