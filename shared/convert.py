@@ -149,6 +149,7 @@ def context_ids(context: pb.CallContext, prefix: str = "context.") -> list[tuple
         (f"{prefix}conversation_id", context.conversation_id),
         (f"{prefix}namespace_id", context.namespace_id),
         (f"{prefix}tool_use_id", context.tool_use_id),
+        (f"{prefix}model", context.model),
     ]
 
 

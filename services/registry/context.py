@@ -118,6 +118,9 @@ class ToolContext:
     budget_limit: float | None = None
     budget_spent: float = 0.0
     depth: int = 0
+    # The conversation's model as the agent back end names it (a model config's name); empty
+    # when the caller did not say. search_tools passes it on for capability filtering.
+    model: str = ""
     settings: Settings | None = None
     datasets: DatasetStore | None = None
     caller: ToolCaller | None = None

@@ -55,6 +55,7 @@ def context_from_pb(m: pb.CallContext, tool_name: str) -> ToolContext:
         budget_limit=m.budget.limit_usd or None,
         budget_spent=m.budget.spent_usd,
         depth=m.depth,
+        model=m.model,
     )
 
 
@@ -73,6 +74,7 @@ def context_to_pb(c: ToolContext) -> pb.CallContext:
         dataset_id=c.dataset_id,
         budget=pb.Budget(limit_usd=c.cost.limit or 0.0, spent_usd=c.cost.spent),
         depth=c.depth,
+        model=c.model,
     )
 
 

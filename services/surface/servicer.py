@@ -89,6 +89,8 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
     ) -> spb.SearchToolsResponse:
         ctx: pb.CallContext = request.context
         convert.check_ids([*convert.context_ids(ctx), ("model", request.model)])
+        # The request's model, else the context's (a client that only fills the context).
+        model = request.model or ctx.model
         outcome = await self._core.search(
             request.query,
             request.limit,
@@ -98,7 +100,7 @@ class SurfaceServicer(surface_pb2_grpc.SurfaceServiceServicer):
                 ctx.conversation_id,
                 ctx.namespace_id,
                 _mode(ctx.mode),
-                request.model,
+                model,
             ),
         )
         catalog = await self._core.catalog()

@@ -1,7 +1,8 @@
 """Handler of the "surface" system tool search_tools: asks the surface service
-(SurfaceService.SearchTools) with the caller's context, which ranks the tools the caller may use
-and pages the best into the conversation's working set. Spec-only under the Uniform Tool
-Contract (`migrate_tool`, not tabular)."""
+(SurfaceService.SearchTools) with the caller's context and the conversation's model, which ranks
+the tools the caller may use and pages the best that are not on the model's surface yet into the
+conversation's working set. Spec-only under the Uniform Tool Contract (`migrate_tool`, not
+tabular)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ async def search_tools(inputs: dict[str, Any], context: ToolContext) -> ToolResu
         query=str(inputs.get("query") or ""),
         limit=int(inputs.get("limit") or 0),
         context=context_to_pb(context),
+        # The surface composes the model's surface (capability filtering) to know what is on
+        # it already and what the budget has room for.
+        model=context.model,
     )
     try:
         response: spb.SearchToolsResponse = await traced_call(

@@ -141,7 +141,7 @@ class ToolAnnotations(_message.Message):
     def __init__(self, title: _Optional[str] = ..., read_only: _Optional[bool] = ..., destructive: _Optional[bool] = ..., idempotent: _Optional[bool] = ..., open_world: _Optional[bool] = ...) -> None: ...
 
 class CallContext(_message.Message):
-    __slots__ = ("tenant_id", "user_id", "conversation_id", "namespace_id", "capabilities", "mode", "tool_use_id", "reasoning", "budget", "user_message", "dataset_id", "parent_tool_use_id", "depth")
+    __slots__ = ("tenant_id", "user_id", "conversation_id", "namespace_id", "capabilities", "mode", "tool_use_id", "reasoning", "budget", "user_message", "dataset_id", "parent_tool_use_id", "depth", "model")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class CallContext(_message.Message):
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     user_id: str
     conversation_id: str
@@ -168,7 +169,8 @@ class CallContext(_message.Message):
     dataset_id: str
     parent_tool_use_id: str
     depth: int
-    def __init__(self, tenant_id: _Optional[str] = ..., user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_id: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[Mode, str]] = ..., tool_use_id: _Optional[str] = ..., reasoning: _Optional[str] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., user_message: _Optional[str] = ..., dataset_id: _Optional[str] = ..., parent_tool_use_id: _Optional[str] = ..., depth: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, tenant_id: _Optional[str] = ..., user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_id: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., mode: _Optional[_Union[Mode, str]] = ..., tool_use_id: _Optional[str] = ..., reasoning: _Optional[str] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., user_message: _Optional[str] = ..., dataset_id: _Optional[str] = ..., parent_tool_use_id: _Optional[str] = ..., depth: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("limit_usd", "spent_usd")
