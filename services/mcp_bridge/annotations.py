@@ -161,7 +161,11 @@ def required_capabilities(
     nothing; and since hints are the server's word, a server can always escape the gate by
     leaving the hint out. The gate is for honest servers marking their dangerous tools, and it
     does what the listing says. A tool declared both read-only and destructive is gated:
-    contradictory hints err on the side of asking."""
+    contradictory hints err on the side of asking.
+
+    These are the only capabilities the bridge owns: registered, they replace the ones its
+    previous listing of the tool added (so the gate comes off when the hint goes, or when the
+    gate is turned off or renamed), and an administrator's own stay (ToolSink.upsert)."""
     if destructive_capability and annotations is not None and annotations.destructive is True:
         return (destructive_capability,)
     return ()

@@ -70,7 +70,16 @@ class ToolSink(Protocol):
         """Every live tool row (any owner)."""
         ...
 
-    async def upsert(self, tools: Sequence[ToolRegistration]) -> None: ...
+    async def upsert(self, tools: Sequence[ToolRegistration]) -> None:
+        """Register a listing. A tool already stored for the connection is merged, not
+        replaced: the bridge owns what the server declares (description, schema, annotations,
+        definition hash) and, of its required capabilities, only its destructive gate, which
+        replaces the one the previous listing added; what an administrator set (every other
+        required capability, enabled, category, timeout_seconds, ...) is kept, and so is the
+        review status while the definition hash is unchanged. The registry does the merge, in
+        the transaction that writes the row (UpsertTools with mcp_listing), so an
+        administrator's change made since connection_tools was read is not lost."""
+        ...
 
     async def delete(self, names: Sequence[str], created_by: str) -> list[str]: ...
 
@@ -493,7 +502,8 @@ class McpBridge:
         """Register a listing: names, `[MCP: conn]` descriptions, pinned definition hashes,
         each server tool's title and hints, and the destructive capability gate. A changed
         definition (annotations included: a tool turning destructive is a change) is held in
-        `testing` (with hold_changed); tools gone from the server are soft-deleted."""
+        `testing` (with hold_changed); tools gone from the server are soft-deleted. What an
+        administrator set on a registered tool survives (ToolSink.upsert)."""
         config = live.config
         tools, skipped = _distinct_named(tools)
         stored = await self._sink.connection_tools(config.created_by)
@@ -541,7 +551,7 @@ class McpBridge:
                     tenant_id=config.tenant_id,
                     status=status,
                     definition_hash=digest,
-                    # An admin's disable survives reconnects.
+                    # What a new row gets: a stored one keeps its own (ToolSink.upsert).
                     enabled=old.enabled if old is not None else True,
                     annotations=annotations,
                     required_capabilities=required_capabilities(

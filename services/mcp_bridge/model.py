@@ -148,7 +148,10 @@ class StoredTool:
 
 @dataclass(frozen=True)
 class ToolRegistration:
-    """A tool row the bridge asks the registry to store."""
+    """A tool row the bridge asks the registry to store. For a row already stored, what the
+    server declares replaces what it held and the rest is merged (ToolSink.upsert):
+    `required_capabilities` are the bridge's own (its destructive gate), `status` counts only
+    when `definition_hash` changed, and `enabled` only for a new row."""
 
     name: str
     description: str

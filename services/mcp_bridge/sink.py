@@ -1,5 +1,7 @@
 """ToolSink over the registry's gRPC API: the bridge registers and soft-deletes its tools with
-UpsertTools / DeleteTools and reads them back with ListTools, so tool rows have one owner."""
+UpsertTools / DeleteTools and reads them back with ListTools, so tool rows have one owner. Its
+UpsertTools is an MCP listing (`mcp_listing`): the registry merges it into the stored rows in
+one transaction, keeping what an administrator set there (see ToolSink.upsert)."""
 
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ class GrpcToolSink:
                         ),
                     )
                     for t in tools
-                ]
+                ],
+                mcp_listing=True,
             ),
             span_name=f"{_SERVICE}/UpsertTools",
             peer_service="registry",

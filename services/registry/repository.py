@@ -1,5 +1,7 @@
 """Storage of tool definitions behind a small interface; the only module of the registry that
-speaks SQLAlchemy. Seeding runs in one transaction."""
+speaks SQLAlchemy. Seeding runs in one transaction, and so does an upsert, including the merge
+of an MCP server's listing into the rows an administrator may have edited (`upsert` with
+mcp_listing)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,21 @@ SEED_REFRESHED = (
     "status_message",
     "large_output",
 )
-_ROW_FIELDS = tuple(c.key for c in ToolDefinitionRow.__table__.columns if c.key != "embedding")
+# A row's columns that are a ToolDef's fields (the search vector and the listing's bookkeeping
+# are not).
+_ROW_FIELDS = tuple(
+    c.key
+    for c in ToolDefinitionRow.__table__.columns
+    if c.key not in ("embedding", "listing_capabilities")
+)
+# What an upsert never takes from the definition given: the row's identity and bookkeeping.
+_NOT_WRITTEN = ("id", "created_at", "updated_at", "version", "deleted_at")
+# What the MCP bridge's registration of a server's listing replaces on a row already stored for
+# the same connection: what the server declares. Every other field is an administrator's
+# (enabled and status by SetToolStatus; category, timeout_seconds, domain, ... by UpsertTools)
+# and is kept, a field added later included; status, rejection_reason and required_capabilities
+# are merged (_listing_values).
+LISTING_FIELDS = ("description", "input_schema", "implementation", "definition_hash", "annotations")
 
 
 class ToolRepository(Protocol):
@@ -45,7 +61,7 @@ class ToolRepository(Protocol):
     ) -> list[ToolDef]: ...
     def for_llm(self, tenant_id: str) -> list[ToolDef]: ...
     def seed(self, tools: Sequence[dict[str, Any]], retired: Iterable[str]) -> SeedReport: ...
-    def upsert(self, tools: Sequence[ToolDef]) -> list[ToolDef]: ...
+    def upsert(self, tools: Sequence[ToolDef], *, mcp_listing: bool = False) -> list[ToolDef]: ...
     def soft_delete(self, names: Sequence[str], created_by: str) -> list[str]: ...
     def set_status(
         self, name: str, status: str | None, reason: str, enabled: bool | None
@@ -57,6 +73,70 @@ _SEED_ATTEMPTS = 3
 
 def _to_def(row: ToolDefinitionRow) -> ToolDef:
     return ToolDef(**{f: getattr(row, f) for f in _ROW_FIELDS})
+
+
+def _same_connection(row: ToolDefinitionRow, tool: ToolDef) -> bool:
+    """Whether `row` is `tool`'s own (the same MCP connection's), not one another owner left."""
+    return (row.tool_type, row.tenant_id, row.created_by) == (
+        tool.tool_type,
+        tool.tenant_id,
+        tool.created_by,
+    )
+
+
+def _listing_values(row: ToolDefinitionRow, tool: ToolDef) -> dict[str, Any]:
+    """What an MCP listing writes on `row`, already stored for the same connection: the fields
+    the server declares (LISTING_FIELDS); the status and rejection reason only when the
+    definition hash changed (the bridge holds a changed definition in testing, and an
+    administrator's approval or rejection of an unchanged one stands); and as required
+    capabilities the stored ones minus those the previous listing added, plus the listing's own
+    (`tool.required_capabilities`, the bridge's destructive gate).
+
+    A row whose listing capabilities were never recorded (written before listings were merged,
+    or by an administrator) counts those of its capabilities the listing asks for as the
+    listing's: a gate unchanged across the upgrade stays the bridge's to take off. Any other
+    capability is kept, an unknown one erring on the side of asking."""
+    listed = row.listing_capabilities
+    stored = list(row.required_capabilities or [])
+    wanted = list(dict.fromkeys(tool.required_capabilities))
+    if listed is None:
+        listed = [c for c in stored if c in wanted]
+    administrators = [c for c in stored if c not in listed]
+    added = [c for c in wanted if c not in administrators]
+    values: dict[str, Any] = {f: getattr(tool, f) for f in LISTING_FIELDS}
+    values["listing_capabilities"] = added
+    # In the stored order, the listing's new ones last.
+    capabilities = [c for c in stored if c in administrators or c in added]
+    values["required_capabilities"] = capabilities + [c for c in added if c not in capabilities]
+    if row.definition_hash != tool.definition_hash:
+        values["status"] = tool.status
+        values["rejection_reason"] = tool.rejection_reason
+    return values
+
+
+def _upsert_values(
+    row: ToolDefinitionRow | None, tool: ToolDef, mcp_listing: bool
+) -> dict[str, Any]:
+    """What an upsert of `tool` writes on `row` (None: a new row); see SqlToolRepository.upsert."""
+    values = {f: getattr(tool, f) for f in _ROW_FIELDS if f not in _NOT_WRITTEN}
+    if mcp_listing:
+        if row is not None and _same_connection(row, tool):
+            return _listing_values(row, tool)
+        # A new row, or one another owner left deleted: nothing of it is inherited.
+        listed = list(dict.fromkeys(tool.required_capabilities))
+        values["required_capabilities"] = listed
+        values["listing_capabilities"] = listed
+        return values
+    if row is not None and (row.tool_type, row.tenant_id) == (tool.tool_type, tool.tenant_id):
+        # Of the capabilities the last listing added, those an administrator's write keeps stay
+        # the listing's (to take off when the server drops its hint); the others are gone.
+        listed_before = row.listing_capabilities
+        if listed_before is not None:
+            kept = [c for c in listed_before if c in tool.required_capabilities]
+            values["listing_capabilities"] = kept
+    elif row is not None:  # another owner's deleted row, revived: none of it is inherited
+        values["listing_capabilities"] = None
+    return values
 
 
 def _now() -> datetime:
@@ -198,20 +278,28 @@ class SqlToolRepository:
             )
         return report
 
-    def upsert(self, tools: Sequence[ToolDef]) -> list[ToolDef]:
+    def upsert(self, tools: Sequence[ToolDef], *, mcp_listing: bool = False) -> list[ToolDef]:
+        """Create or update each definition by name, in one transaction. A name live as another
+        type's or tenant's tool is AlreadyExists (TOOL_NAME_TAKEN); a soft-deleted row is
+        revived.
+
+        Without `mcp_listing` each definition is stored as given (an administrator's write; of
+        the capabilities the last MCP listing added, those it keeps stay the listing's). With
+        it, the definitions are an MCP server's listing as the bridge registers it: a row
+        already stored for the same connection is merged (_listing_values), keeping what an
+        administrator set; a new row, or one another owner left deleted, is stored as given,
+        its required capabilities recorded as the listing's. Each row is read with SELECT ... FOR
+        UPDATE: on PostgreSQL an administrator's SetToolStatus or UpsertTools of it waits for
+        this transaction rather than being overwritten by it."""
         out: list[ToolDef] = []
         with translate_db_errors(), self._sessions.begin() as s:
             for tool in tools:
-                row = s.scalar(select(ToolDefinitionRow).where(ToolDefinitionRow.name == tool.name))
-                values = {
-                    f: getattr(tool, f)
-                    for f in _ROW_FIELDS
-                    if f not in ("id", "created_at", "updated_at", "version", "deleted_at")
-                }
-                if row is None:
-                    row = ToolDefinitionRow(**values)
-                    s.add(row)
-                else:
+                row = s.scalar(
+                    select(ToolDefinitionRow)
+                    .where(ToolDefinitionRow.name == tool.name)
+                    .with_for_update()
+                )
+                if row is not None:
                     taken = row.tool_type != tool.tool_type or row.tenant_id != tool.tenant_id
                     if taken and row.deleted_at is None:
                         raise AlreadyExists(
@@ -219,7 +307,12 @@ class SqlToolRepository:
                             f"of tenant {row.tenant_id!r}",
                             reason="TOOL_NAME_TAKEN",
                         )
-                    if row.description != tool.description:
+                values = _upsert_values(row, tool, mcp_listing)
+                if row is None:
+                    row = ToolDefinitionRow(**values)
+                    s.add(row)
+                else:
+                    if row.description != values.get("description", row.description):
                         row.embedding = None
                     for k, v in values.items():
                         setattr(row, k, v)

@@ -495,7 +495,22 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         self, request: rpb.UpsertToolsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.UpsertToolsResponse:
         tools = [tool_from_pb(t) for t in request.tools]
-        stored = await asyncio.to_thread(self._core.repo.upsert, tools)
+        if request.mcp_listing:
+            # A listing is merged into the rows an administrator edits: only MCP rows are.
+            others = [
+                (f"tools[{i}].tool_type", "must be TOOL_TYPE_MCP in an MCP listing")
+                for i, t in enumerate(tools)
+                if t.tool_type != "mcp"
+            ]
+            if others:
+                raise InvalidArgument(
+                    "mcp_listing registers MCP tools only",
+                    reason="INVALID_TOOL_DEFINITION",
+                    field_violations=others,
+                )
+        stored = await asyncio.to_thread(
+            self._core.repo.upsert, tools, mcp_listing=request.mcp_listing
+        )
         for t in stored:
             self._core.invalidate(t.name)
         return rpb.UpsertToolsResponse(tools=[tool_to_pb(t) for t in stored])

@@ -82,6 +82,11 @@ class ToolDefinitionRow(Base):
     # "read_only" | "destructive" | "idempotent" | "open_world": bool}, only what the server
     # declared); NULL when it declared none.
     annotations: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Of required_capabilities, those the MCP bridge's last listing of the tool added (its
+    # destructive gate), which its next listing may take off again; every other capability is
+    # an administrator's and is kept. NULL: no listing recorded any (services/registry/
+    # repository.py, upsert with mcp_listing). Registry bookkeeping: never part of a ToolDef.
+    listing_capabilities: Mapped[list[str] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_tool_definitions_tenant_type", "tenant_id", "tool_type"),)
 

@@ -23,7 +23,8 @@ RAW_SERVER = ["-m", "tests.mcp_servers.raw_server"]
 
 
 class RepositorySink:
-    """ToolSink straight into the registry's repository (the service goes through its RPCs)."""
+    """ToolSink straight into the registry's repository (the service goes through its RPCs),
+    upserting as GrpcToolSink does: as an MCP listing, merged into the stored rows."""
 
     def __init__(self, repo: SqlToolRepository) -> None:
         self.repo = repo
@@ -68,7 +69,7 @@ class RepositorySink:
             )
             for t in tools
         ]
-        await asyncio.to_thread(self.repo.upsert, defs)
+        await asyncio.to_thread(self.repo.upsert, defs, mcp_listing=True)
 
     async def delete(self, names: Sequence[str], created_by: str) -> list[str]:
         return await asyncio.to_thread(self.repo.soft_delete, list(names), created_by)

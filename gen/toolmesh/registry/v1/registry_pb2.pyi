@@ -133,10 +133,12 @@ class SeedSystemToolsResponse(_message.Message):
     def __init__(self, created: _Optional[_Iterable[str]] = ..., updated: _Optional[_Iterable[str]] = ..., unchanged: _Optional[_Iterable[str]] = ..., retired: _Optional[_Iterable[str]] = ..., unknown: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpsertToolsRequest(_message.Message):
-    __slots__ = ("tools",)
+    __slots__ = ("tools", "mcp_listing")
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MCP_LISTING_FIELD_NUMBER: _ClassVar[int]
     tools: _containers.RepeatedCompositeFieldContainer[_types_pb2.ToolDefinition]
-    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolDefinition, _Mapping]]] = ...) -> None: ...
+    mcp_listing: bool
+    def __init__(self, tools: _Optional[_Iterable[_Union[_types_pb2.ToolDefinition, _Mapping]]] = ..., mcp_listing: _Optional[bool] = ...) -> None: ...
 
 class UpsertToolsResponse(_message.Message):
     __slots__ = ("tools",)
