@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import or_, select
+from sqlalchemy import false, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -293,6 +293,13 @@ class SqlToolRepository:
         this transaction rather than being overwritten by it."""
         out: list[ToolDef] = []
         with translate_db_errors(), self._sessions.begin() as s:
+            if s.get_bind().dialect.name == "sqlite":
+                # No FOR UPDATE there, and the driver opens a transaction at its first write: a
+                # write that matches nothing takes the database's write lock first, so no other
+                # connection can change the rows read below before they are written.
+                s.execute(
+                    update(ToolDefinitionRow).where(false()).values(name=ToolDefinitionRow.name)
+                )
             for tool in tools:
                 row = s.scalar(
                     select(ToolDefinitionRow)

@@ -249,3 +249,52 @@ async def test_upsert_tools_merges_only_when_asked_and_only_mcp_tools(
         assert repo.get("mcp_inv_own") is None
     finally:
         registry.close()
+
+
+def test_a_listing_waits_for_an_administrators_write_in_progress_and_keeps_it(
+    sessions: sessionmaker[Session], engine: Any
+) -> None:
+    """An administrator's transaction holding the tool's row (PostgreSQL: FOR UPDATE) or the
+    database's write lock (SQLite) when the listing starts: the listing reads the row once that
+    transaction committed and merges into it (without a lock first, SQLite let the listing read
+    the old row, then failed its write as 'database is locked', or lost the change)."""
+    import threading
+    import time
+
+    from sqlalchemy import select, update
+
+    from shared.db.models import ToolDefinitionRow
+
+    repo = SqlToolRepository(sessions)
+    relist(repo, listed())
+    outcome: list[Any] = []
+    admin = sessions()
+    admin.begin()
+    # The administrator's write, not committed yet: the row is locked on both databases.
+    admin.execute(
+        update(ToolDefinitionRow)
+        .where(ToolDefinitionRow.name == "mcp_inv_wipe")
+        .values(required_capabilities=[GATE, ADMIN])
+    )
+    assert admin.scalar(
+        select(ToolDefinitionRow.name).where(ToolDefinitionRow.name == "mcp_inv_wipe")
+    )
+
+    def listing() -> None:
+        try:
+            outcome.append(relist(repo, listed(description="[MCP: inv] reworded", gate=False)))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=listing)
+    thread.start()
+    time.sleep(0.5)  # the listing is waiting for the lock by now
+    admin.commit()
+    admin.close()
+    thread.join(30)
+    assert not thread.is_alive()
+    (result,) = outcome
+    assert not isinstance(result, Exception), result
+    # The server dropped its hint: the gate comes off, the administrator's capability stays.
+    assert stored(repo).required_capabilities == [ADMIN]
+    assert stored(repo).description == "[MCP: inv] reworded"
