@@ -14,15 +14,14 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import limit, seconds, service_channel
+from shared.cli import EXIT_RPC_ERROR, limit, seconds, service_channel
+from shared.cli.render import echo, echo_json, rpc_failure
 from shared.config import Settings
-from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 
 EXIT_OK = 0
 EXIT_USAGE = 1
-EXIT_RPC_ERROR = 2
 
 
 def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,14 +53,6 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     get.set_defaults(func=cmd_get)
 
 
-def _failure(exc: grpc.RpcError, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE":
-        print(f"is the mesh running? (dispatcher at {address})", file=sys.stderr)
-    return EXIT_RPC_ERROR
-
-
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     address = args.dispatcher or settings.address("dispatcher")
     stub = dispatcher_pb2_grpc.DispatcherServiceStub(service_channel("dispatcher", address))
@@ -73,18 +64,18 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
             timeout=args.timeout,
         )
     except grpc.RpcError as exc:
-        return _failure(exc, address)
+        return rpc_failure(exc, "dispatcher", address)
     if args.json:
-        print(
+        echo_json(
             json.dumps([json_format.MessageToDict(e) for e in response.exports], ensure_ascii=False)
         )
         return EXIT_OK
     if not response.exports:
-        print("(no exports)")
+        echo("(no exports)")
         return EXIT_OK
     for e in response.exports:
         created = e.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
-        print(
+        echo(
             f"{e.file_id}  {e.size_bytes:>10}  {created}  {e.filename}  "
             f"({e.mime_type or '?'}, {e.source_tool or '?'}, conversation {e.conversation_id})"
         )
@@ -110,7 +101,7 @@ def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
     try:
         first = next(iter(stream), None)
         if first is None or first.WhichOneof("part") != "info":
-            print("error: the dispatcher sent no export metadata", file=sys.stderr)
+            echo("error: the dispatcher sent no export metadata", file=sys.stderr)
             return EXIT_RPC_ERROR
         info = first.info
         if to_stdout:
@@ -120,13 +111,13 @@ def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_OK
         target = _target(args.output, info.filename)
         if target.exists() and not args.force:
-            print(f"error: {target} exists (use --force to overwrite)", file=sys.stderr)
+            echo(f"error: {target} exists (use --force to overwrite)", file=sys.stderr)
             stream.cancel()
             return EXIT_USAGE
         try:
             fd, name = tempfile.mkstemp(prefix=".export-", dir=target.parent)
         except OSError as exc:
-            print(f"error: cannot write {target}: {exc.strerror}", file=sys.stderr)
+            echo(f"error: cannot write {target}: {exc.strerror}", file=sys.stderr)
             stream.cancel()
             return EXIT_RPC_ERROR
         tmp = Path(name)
@@ -136,16 +127,14 @@ def cmd_get(args: argparse.Namespace, settings: Settings) -> int:
                 out.write(message.chunk)
                 size += len(message.chunk)
         if size != info.size_bytes:
-            print(
-                f"error: received {size} bytes, the export has {info.size_bytes}", file=sys.stderr
-            )
+            echo(f"error: received {size} bytes, the export has {info.size_bytes}", file=sys.stderr)
             return EXIT_RPC_ERROR
         tmp.replace(target)
         tmp = None
-        print(f"{target} ({size} bytes, {info.mime_type or 'unknown type'})")
+        echo(f"{target} ({size} bytes, {info.mime_type or 'unknown type'})")
         return EXIT_OK
     except grpc.RpcError as exc:
-        return _failure(exc, address)
+        return rpc_failure(exc, "dispatcher", address)
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import INT64_MAX, int_between, service_channel
+from shared.cli import INT64_MAX, JSON_SOURCE_HELP, int_between, json_argument, service_channel
+from shared.cli.render import echo, echo_json, rpc_failure
 from shared.config import Settings
-from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 
 EXIT_OK = 0
-EXIT_RPC_ERROR = 2
 
 KINDS = {
     "deny_tool": dpb.POLICY_RULE_KIND_DENY_TOOL,
@@ -50,16 +48,6 @@ def _address(args: argparse.Namespace, settings: Settings) -> str:
     return str(args.dispatcher or settings.address("dispatcher"))
 
 
-def _failed(exc: grpc.RpcError, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE":
-        print(f"is the mesh running? (dispatcher at {address})", file=sys.stderr)
-    for field, description in err.field_violations:
-        print(f"  {field}: {description}", file=sys.stderr)
-    return EXIT_RPC_ERROR
-
-
 def _rule_line(rule: dpb.PolicyRule) -> str:
     mode = "advisory" if rule.mode == dpb.POLICY_MODE_ADVISORY else "blocking"
     state = "" if rule.enabled else "  (disabled)"
@@ -71,11 +59,11 @@ def _rule_line(rule: dpb.PolicyRule) -> str:
 
 def _print_rules(rules: list[dpb.PolicyRule], as_json: bool) -> None:
     if as_json:
-        print(json.dumps([json.loads(json_format.MessageToJson(r)) for r in rules], indent=2))
+        echo_json(json.dumps([json.loads(json_format.MessageToJson(r)) for r in rules], indent=2))
         return
-    print(f"{'id':>5}  {'tenant':<16} {'name':<24} {'kind':<19} {'tool':<16} {'mode':<9} params")
+    echo(f"{'id':>5}  {'tenant':<16} {'name':<24} {'kind':<19} {'tool':<16} {'mode':<9} params")
     for rule in rules:
-        print(_rule_line(rule))
+        echo(_rule_line(rule))
 
 
 def cmd_policy_add(args: argparse.Namespace, settings: Settings) -> int:
@@ -85,14 +73,14 @@ def cmd_policy_add(args: argparse.Namespace, settings: Settings) -> int:
         kind=KINDS[args.kind],
         tool_name=args.tool,
         mode=MODES[args.mode],
-        params_json=args.params,
+        params_json=json_argument(args.params, "--params", max_bytes=settings.max_input_bytes),
         message=args.message or "",
         created_by=args.created_by,
     )
     try:
         stored = _rpc(args, settings, "AddPolicyRule", dpb.AddPolicyRuleRequest(rule=rule)).rule
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "dispatcher", _address(args, settings))
     _print_rules([stored], args.json)
     return EXIT_OK
 
@@ -102,7 +90,7 @@ def cmd_policy_list(args: argparse.Namespace, settings: Settings) -> int:
     try:
         rules = list(_rpc(args, settings, "ListPolicyRules", request).rules)
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "dispatcher", _address(args, settings))
     _print_rules(rules, args.json)
     return EXIT_OK
 
@@ -112,8 +100,8 @@ def cmd_policy_disable(args: argparse.Namespace, settings: Settings) -> int:
     try:
         rule = _rpc(args, settings, "DisablePolicyRule", request).rule
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
-    print(f"disabled policy rule {rule.id} ({rule.name})")
+        return rpc_failure(exc, "dispatcher", _address(args, settings))
+    echo(f"disabled policy rule {rule.id} ({rule.name})")
     return EXIT_OK
 
 
@@ -122,13 +110,13 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "Cancel", request)
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "dispatcher", _address(args, settings))
     if args.json:
-        print(json_format.MessageToJson(response))
+        echo_json(json_format.MessageToJson(response))
     else:
-        print(response.message)
+        echo(response.message)
         for tool_use_id in response.cancelled_tool_use_ids:
-            print(f"  cancelled {tool_use_id}")
+            echo(f"  cancelled {tool_use_id}")
     return EXIT_OK
 
 
@@ -143,7 +131,9 @@ def add_subcommands(sub: Any) -> None:
     p.add_argument("--kind", required=True, choices=sorted(KINDS))
     p.add_argument("--tool", required=True, help="tool the rule guards ('*': every tool)")
     p.add_argument("--mode", choices=sorted(MODES), default="blocking")
-    p.add_argument("--params", default="{}", help=PARAMS_HELP)
+    p.add_argument(
+        "--params", default="{}", metavar="JSON", help=f"{PARAMS_HELP}; {JSON_SOURCE_HELP}"
+    )
     p.add_argument("--message", help="what the model is told (default: generated)")
     p.add_argument("--created-by", default="cli")
     p.add_argument("--json", action="store_true")

@@ -19,8 +19,11 @@ import grpc
 
 from shared import convert
 from shared.cli import (
+    EXIT_RPC_ERROR,
+    JSON_SOURCE_HELP,
     UsageError,
     guardrails,
+    json_argument,
     limit,
     mcp,
     port,
@@ -31,10 +34,9 @@ from shared.cli import (
 from shared.cli import export as export_cli
 from shared.cli import sandbox as sandbox_cli
 from shared.cli import surface as surface_cli
-from shared.cli.render import print_log, print_tools, print_trace
+from shared.cli.render import echo, echo_json, print_log, print_tools, print_trace, rpc_failure
 from shared.config import DEFAULT_COLLECTOR_PORT, Settings
 from shared.errors import ToolmeshError
-from shared.rpc_errors import from_rpc_error
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -43,7 +45,6 @@ from toolmesh.type.v1 import types_pb2 as pb
 
 EXIT_OK = 0
 EXIT_TOOL_ERROR = 1
-EXIT_RPC_ERROR = 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 EXIT_INTERRUPTED = 128 + 2  # what a shell reports for a process stopped by SIGINT (Ctrl-C)
 # What a gRPC header value may hold (HTTP/2 field values: visible ASCII and inner spaces).
@@ -55,43 +56,32 @@ def _channel(settings: Settings, service: str, override: str | None) -> grpc.Cha
     return service_channel(service, address)
 
 
-def _rpc_failure(exc: grpc.RpcError, service: str, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE":
-        print(
-            f"is the mesh running? ({service} at {address}; start it with `make up`)",
-            file=sys.stderr,
-        )
-    for field, desc in err.field_violations:
-        print(f"  {field}: {desc}", file=sys.stderr)
-    return EXIT_RPC_ERROR
-
-
 def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    input_json = json_argument(args.input, "--input", max_bytes=settings.max_input_bytes)
     address = args.dispatcher or settings.address("dispatcher")
     stub = dispatcher_pb2_grpc.DispatcherServiceStub(_channel(settings, "dispatcher", address))
     request = dpb.DispatchToolCallRequest(
-        tool_use=pb.ToolUse(id=args.tool_use_id or "", name=args.name, input_json=args.input),
+        tool_use=pb.ToolUse(id=args.tool_use_id or "", name=args.name, input_json=input_json),
         context=pb.CallContext(
             tenant_id=args.tenant,
             user_id=args.user,
             conversation_id=args.conversation,
             capabilities=args.capability or [],
+            model=args.model,
         ),
     )
     try:
         response = stub.DispatchToolCall(request, timeout=args.timeout)
     except grpc.RpcError as exc:
-        return _rpc_failure(exc, "dispatcher", address)
+        return rpc_failure(exc, "dispatcher", address)
     if args.json:
         from google.protobuf import json_format
 
-        print(json_format.MessageToJson(response))
+        echo_json(json_format.MessageToJson(response))
     else:
-        print(response.result.content)
+        echo(response.result.content)
         for warning in response.warnings:
-            print(warning)
+            echo(warning)
     kind = response.result.envelope.WhichOneof("kind")
     return EXIT_TOOL_ERROR if kind == "err" or (kind is None and response.result.error) else EXIT_OK
 
@@ -131,7 +121,7 @@ def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
                 for t in response.tools
             ]
     except grpc.RpcError as exc:
-        return _rpc_failure(exc, "registry", address)
+        return rpc_failure(exc, "registry", address)
     print_tools(tools, as_json=getattr(args, "json", False))
     return EXIT_OK
 
@@ -150,7 +140,7 @@ def cmd_log(args: argparse.Namespace, settings: Settings) -> int:
             timeout=30,
         )
     except grpc.RpcError as exc:
-        return _rpc_failure(exc, "dispatcher", address)
+        return rpc_failure(exc, "dispatcher", address)
     print_log(list(response.entries), as_json=args.json)
     return EXIT_OK
 
@@ -161,10 +151,10 @@ def cmd_seed(args: argparse.Namespace, settings: Settings) -> int:
     try:
         report = stub.SeedSystemTools(rpb.SeedSystemToolsRequest(), timeout=60)
     except grpc.RpcError as exc:
-        return _rpc_failure(exc, "registry", address)
+        return rpc_failure(exc, "registry", address)
     for field in ("created", "updated", "unchanged", "retired", "unknown"):
         names = list(getattr(report, field))
-        print(f"{field:>9}: {len(names):3d}  {', '.join(names)}")
+        echo(f"{field:>9}: {len(names):3d}  {', '.join(names)}")
     return EXIT_OK
 
 
@@ -172,7 +162,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     from shared.db.engine import upgrade
 
     upgrade(settings.database_url)
-    print(f"database at head: {settings.database_url}")
+    echo(f"database at head: {settings.database_url}")
     return EXIT_OK
 
 
@@ -219,11 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("call", help="dispatch one tool call and print the rendered result")
     p.add_argument("name", help="tool name")
-    p.add_argument("--input", default="{}", help="tool input as a JSON object")
+    p.add_argument(
+        "--input",
+        default="{}",
+        metavar="JSON",
+        help=f"tool input as a JSON object; {JSON_SOURCE_HELP}",
+    )
     p.add_argument("--conversation", default="cli", help="conversation id (default: cli)")
     p.add_argument("--tenant", default="default", help="tenant id (default: default)")
     p.add_argument("--user", default="cli", help="user id (default: cli)")
     p.add_argument("--capability", action="append", help="caller capability (repeatable)")
+    p.add_argument("--model", default="", help="conversation's model (a model config's name)")
     p.add_argument("--tool-use-id", default="", help="tool_use id (default: generated)")
     p.add_argument("--timeout", type=seconds, default=330.0, help="RPC deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the whole response as JSON")
@@ -273,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_keys_hash(args: argparse.Namespace, settings: Settings) -> int:
-    print(hashlib.sha256(args.key.encode("utf-8")).hexdigest())
+    echo(hashlib.sha256(args.key.encode("utf-8")).hexdigest())
     return EXIT_OK
 
 
@@ -303,6 +299,8 @@ def _option_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 # Arguments that name files: any bytes are a valid Linux path, so these may be non-UTF-8.
 PATH_ARGUMENTS = frozenset({"output", "code", "schema", "catalog", "queries"})
+# Arguments read by json_argument: a file name when given as @PATH (its contents are checked).
+JSON_ARGUMENTS = frozenset({"input", "params"})
 
 
 def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -321,6 +319,8 @@ def _check_text(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         return False
 
     for dest, value in vars(args).items():
+        if dest in JSON_ARGUMENTS and isinstance(value, str) and value.startswith("@"):
+            continue
         if dest not in PATH_ARGUMENTS and bad(value):
             name = _option_names(parser, args).get(dest, dest)
             raise UsageError(f"argument {name}: not valid UTF-8 text ({value!r})")
@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None and args.func is not cmd_up:
         # Started with stdout closed (`toolmesh call x >&-`): refuse before calling anything,
         # rather than run a tool and lose what it answered.
-        print("error: standard output is closed; nowhere to print the result", file=sys.stderr)
+        echo("error: standard output is closed; nowhere to print the result", file=sys.stderr)
         return EXIT_RPC_ERROR
     if sys.stdout is not None and sys.stdout is sys.__stdout__:
         # A file name made of bytes that are not UTF-8 (`export get -o`) prints back as the
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
     except ValueError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+        echo(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     try:
         _check_text(parser, args)
@@ -377,10 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     except ToolmeshError as exc:  # e.g. `db upgrade` or `seed` on a database it cannot open
-        print(f"error: {exc.message}", file=sys.stderr)
+        echo(f"error: {exc.message}", file=sys.stderr)
         return EXIT_RPC_ERROR
     except BrokenPipeError:
         # The reader went away (`toolmesh log | head`): stop quietly, as Unix tools do. Python
@@ -390,22 +390,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Ctrl-C: the process exits, which cancels an RPC in flight (the dispatcher logs the
         # call as cancelled); no traceback of where the main thread happened to wait.
-        print("interrupted", file=sys.stderr)
+        echo("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:
         # Output that cannot be written (a full disk: ENOSPC) and the like. The interpreter
         # would fail again flushing the same buffer at exit.
         if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT):
             _silence_stdout()
-            print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+            echo(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
         else:
             where = f": {exc.filename}" if exc.filename else ""
-            print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+            echo(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return EXIT_RPC_ERROR
     except Exception as exc:  # noqa: BLE001 - a bug: one line, the traceback when asked for
         if settings.log_level == "DEBUG":
             traceback.print_exc()
-        print(
+        echo(
             f"error: unexpected {type(exc).__name__}: {exc} "
             "(TOOLMESH_LOG_LEVEL=debug prints the traceback)",
             file=sys.stderr,

@@ -12,14 +12,13 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import service_channel
+from shared.cli import EXIT_RPC_ERROR, service_channel
+from shared.cli.render import echo, echo_json, rpc_failure
 from shared.config import Settings
-from shared.rpc_errors import from_rpc_error
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2_grpc
 
 EXIT_OK = 0
-EXIT_RPC_ERROR = 2
 # Connecting starts a server process or opens an HTTP session and lists its tools.
 CONNECT_TIMEOUT_S = 120.0
 STATE_NAMES = {
@@ -38,16 +37,6 @@ def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any
     with service_channel("mcp_bridge", _address(args, settings)) as channel:
         stub = mcp_bridge_pb2_grpc.McpBridgeServiceStub(channel)
         return getattr(stub, method)(request, timeout=CONNECT_TIMEOUT_S)
-
-
-def _failed(exc: grpc.RpcError, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE" and err.reason in ("UNAVAILABLE", "SERVICE_UNAVAILABLE"):
-        print(f"is the mesh running? (mcp_bridge at {address})", file=sys.stderr)
-    for field, description in err.field_violations:
-        print(f"  {field}: {description}", file=sys.stderr)
-    return EXIT_RPC_ERROR
 
 
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
@@ -77,21 +66,21 @@ def _config(args: argparse.Namespace) -> mpb.ServerConfig:
 
 def _print(message: Any, as_json: bool, lines: list[str]) -> None:
     if as_json:
-        print(json_format.MessageToJson(message))
+        echo_json(json_format.MessageToJson(message))
     else:
-        print("\n".join(lines))
+        echo("\n".join(lines))
 
 
 def cmd_connect(args: argparse.Namespace, settings: Settings) -> int:
     try:
         request = mpb.ConnectRequest(server=_config(args))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     try:
         response = _rpc(args, settings, "Connect", request)
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "mcp_bridge", _address(args, settings))
     lines = [f"connected {args.name}: {response.tools_discovered} tools"]
     lines += [f"  {name}" for name in response.tool_names]
     lines += [f"  renamed {r}" for r in response.renamed]
@@ -104,7 +93,7 @@ def cmd_disconnect(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "Disconnect", mpb.DisconnectRequest(name=args.name))
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "mcp_bridge", _address(args, settings))
     lines = [f"disconnected {args.name}; removed {len(response.removed_tools)} tools"]
     _print(response, args.json, lines)
     return EXIT_OK
@@ -116,12 +105,12 @@ def cmd_reconnect(args: argparse.Namespace, settings: Settings) -> int:
         if args.command or args.url:
             request.server.CopyFrom(_config(args))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     try:
         response = _rpc(args, settings, "Reconnect", request)
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "mcp_bridge", _address(args, settings))
     lines = [f"reconnected {args.name}: {len(response.tool_names)} tools"]
     lines += [f"  added   {n}" for n in response.added]
     lines += [f"  removed {n}" for n in response.removed]
@@ -134,22 +123,22 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "ListConnections", mpb.ListConnectionsRequest())
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "mcp_bridge", _address(args, settings))
     if args.json:
-        print(json.dumps(json.loads(json_format.MessageToJson(response)), indent=2))
+        echo_json(json.dumps(json.loads(json_format.MessageToJson(response)), indent=2))
         return EXIT_OK
-    print(f"{'name':<20} {'state':<12} {'server':<32} {'protocol':<12} tools")
+    echo(f"{'name':<20} {'state':<12} {'server':<32} {'protocol':<12} tools")
     for c in response.connections:
         server = f"{c.server_name} {c.server_version}".strip()
-        print(
+        echo(
             f"{c.server.name:<20} {STATE_NAMES.get(c.state, '?'):<12} {server:<32} "
             f"{c.protocol_version:<12} {len(c.tool_names)}"
         )
         if c.last_error:
-            print(f"  last error: {c.last_error}")
+            echo(f"  last error: {c.last_error}")
         if c.tool_list_changes:
             change = c.last_tool_change
-            print(
+            echo(
                 f"  tool list changes announced by the server: {c.tool_list_changes} (the last: "
                 f"{len(change.added)} added, {len(change.removed)} removed, "
                 f"{len(change.changed)} changed and held in testing until approved)"

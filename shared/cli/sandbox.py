@@ -27,7 +27,8 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from shared.cli import UsageError, limit, service_channel, wait_seconds
+from shared.cli import EXIT_RPC_ERROR, UsageError, limit, service_channel, wait_seconds
+from shared.cli.render import echo, echo_json, rpc_failure
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -38,21 +39,10 @@ from toolmesh.type.v1 import types_pb2 as pb
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
-EXIT_RPC_ERROR = 2
 FINAL_JOB_STATES = (spb.JOB_STATUS_APPROVED, spb.JOB_STATUS_REJECTED, spb.JOB_STATUS_FAILED)
 
 Command = Callable[[argparse.Namespace, Settings], int]
 TENANT_DEFAULT = "default: the API key's tenant with TOOLMESH_API_KEY, else 'default'"
-
-
-def _failed(exc: grpc.RpcError, service: str, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE":
-        print(f"is the mesh running? ({service} at {address})", file=sys.stderr)
-    for field, description in err.field_violations:
-        print(f"  {field}: {description}", file=sys.stderr)
-    return EXIT_RPC_ERROR
 
 
 def _sandbox_address(args: argparse.Namespace, settings: Settings) -> str:
@@ -85,7 +75,7 @@ def _read(path: str, what: str) -> str | None:
     try:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: cannot read the {what} file {path}: {exc}", file=sys.stderr)
+        echo(f"error: cannot read the {what} file {path}: {exc}", file=sys.stderr)
         return None
 
 
@@ -121,10 +111,10 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
     try:
         doc = json.loads(schema_text)
     except json.JSONDecodeError as exc:
-        print(f"error: {args.schema} is not JSON: {exc}", file=sys.stderr)
+        echo(f"error: {args.schema} is not JSON: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR
     if not isinstance(doc, dict):
-        print(f"error: {args.schema} must hold a JSON object", file=sys.stderr)
+        echo(f"error: {args.schema} must hold a JSON object", file=sys.stderr)
         return EXIT_RPC_ERROR
     meta = _tool_meta(doc, args.schema)
     name = args.name or meta.get("name") or Path(args.code).stem
@@ -149,9 +139,9 @@ def cmd_tools_add(args: argparse.Namespace, settings: Settings) -> int:
                 .tool
             )
     except grpc.RpcError as exc:
-        return _failed(exc, "sandbox", address)
+        return rpc_failure(exc, "sandbox", address)
     status = pb.ToolStatus.Name(stored.status).removeprefix("TOOL_STATUS_").lower()
-    print(
+    echo(
         f"registered {stored.name} v{stored.version} ({status}) for tenant {stored.tenant_id}; "
         f"approve it with `toolmesh tools approve {stored.name}`"
     )
@@ -180,7 +170,7 @@ def _set_status(args: argparse.Namespace, settings: Settings, status: int) -> in
             )
     except grpc.RpcError as exc:
         if from_rpc_error(exc).reason != "NOT_A_CUSTOM_TOOL":
-            return _failed(exc, "sandbox", address)
+            return rpc_failure(exc, "sandbox", address)
         address = _registry_address(args, settings)
         try:
             with service_channel("registry", address) as channel:
@@ -193,9 +183,9 @@ def _set_status(args: argparse.Namespace, settings: Settings, status: int) -> in
                     .tool
                 )
         except grpc.RpcError as registry_exc:
-            return _failed(registry_exc, "registry", address)
+            return rpc_failure(registry_exc, "registry", address)
     state = pb.ToolStatus.Name(tool.status).removeprefix("TOOL_STATUS_").lower()
-    print(f"{tool.name} v{tool.version} is {state}")
+    echo(f"{tool.name} v{tool.version} is {state}")
     return EXIT_OK
 
 
@@ -217,11 +207,11 @@ def _job_line(job: spb.Job) -> str:
 
 def _print_job(job: spb.Job, as_json: bool) -> None:
     if as_json:
-        print(json_format.MessageToJson(job))
+        echo_json(json_format.MessageToJson(job))
         return
-    print(_job_line(job))
+    echo(_job_line(job))
     if job.result_json:
-        print(json.dumps(json.loads(job.result_json), indent=2))
+        echo(json.dumps(json.loads(job.result_json), indent=2))
 
 
 def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
@@ -246,7 +236,7 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
                     spb.GetJobRequest(id=job.id, tenant_id=job.tenant_id), timeout=30
                 ).job
     except grpc.RpcError as exc:
-        return _failed(exc, "sandbox", address)
+        return rpc_failure(exc, "sandbox", address)
     _print_job(job, args.json)
     failed = job.status in (spb.JOB_STATUS_REJECTED, spb.JOB_STATUS_FAILED)
     return EXIT_JOB_FAILED if failed else EXIT_OK
@@ -264,12 +254,12 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
                 .jobs
             )
     except grpc.RpcError as exc:
-        return _failed(exc, "sandbox", address)
+        return rpc_failure(exc, "sandbox", address)
     if args.json:
-        print(json.dumps([json.loads(json_format.MessageToJson(j)) for j in jobs], indent=2))
+        echo_json(json.dumps([json.loads(json_format.MessageToJson(j)) for j in jobs], indent=2))
     else:
         for job in jobs:
-            print(_job_line(job))
+            echo(_job_line(job))
     return EXIT_OK
 
 
@@ -283,7 +273,7 @@ def cmd_jobs_show(args: argparse.Namespace, settings: Settings) -> int:
                 .job
             )
     except grpc.RpcError as exc:
-        return _failed(exc, "sandbox", address)
+        return rpc_failure(exc, "sandbox", address)
     _print_job(job, args.json)
     return EXIT_OK
 

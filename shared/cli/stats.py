@@ -18,6 +18,7 @@ import grpc
 from google.protobuf import json_format
 
 from shared.cli import seconds, service_channel
+from shared.cli.render import echo, echo_json
 from shared.config import Settings
 from shared.rpc_errors import from_rpc_error
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -159,7 +160,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         return cmd_usage(args, settings)
     address = args.registry or settings.address("registry")
     if not address:
-        print("error: no registry address (set TOOLMESH_REGISTRY_ADDR)", file=sys.stderr)
+        echo("error: no registry address (set TOOLMESH_REGISTRY_ADDR)", file=sys.stderr)
         return EXIT_RPC_ERROR
     with service_channel("registry", address) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
@@ -169,17 +170,17 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             )
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
-            print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
+            echo(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
             if err.code == "UNAVAILABLE":
-                print(
+                echo(
                     f"is the mesh running? (registry at {address}; start it with `make up`)",
                     file=sys.stderr,
                 )
             return EXIT_RPC_ERROR
     if args.json:
-        print(json.dumps(json_format.MessageToDict(response), indent=2))
+        echo_json(json.dumps(json_format.MessageToDict(response), indent=2))
     else:
-        print("\n".join(format_stats(response)))
+        echo("\n".join(format_stats(response)))
     return EXIT_OK
 
 
@@ -188,7 +189,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     try:
         since = parse_since(args.since)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         return EXIT_RPC_ERROR  # a usage error, as argparse's own
     request = rpb.GetUsageStatsRequest(
         group_by=args.by, tool_name=args.tool or "", tenant_id=args.tenant or ""
@@ -200,15 +201,15 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
             response = stub.GetUsageStats(request, timeout=args.timeout)
         except grpc.RpcError as exc:
             err = from_rpc_error(exc)
-            print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
+            echo(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
             if err.code == "UNAVAILABLE":
-                print(
+                echo(
                     f"is the mesh running? (registry at {address}; start it with `make up`)",
                     file=sys.stderr,
                 )
             return EXIT_RPC_ERROR
     if args.json:
-        print(json.dumps(json_format.MessageToDict(response), indent=2))
+        echo_json(json.dumps(json_format.MessageToDict(response), indent=2))
     else:
-        print("\n".join(format_usage(response, args.by)))
+        echo("\n".join(format_usage(response, args.by)))
     return EXIT_OK

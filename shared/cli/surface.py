@@ -14,16 +14,15 @@ from typing import Any
 import grpc
 
 from shared.cli import INT32_MAX, int_between, service_channel
+from shared.cli.render import echo, echo_json, rpc_failure
 from shared.config import Settings
 from shared.errors import ToolmeshError
-from shared.rpc_errors import from_rpc_error
 from toolmesh.surface.v1 import surface_pb2 as spb
 from toolmesh.surface.v1 import surface_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 1
-EXIT_RPC_ERROR = 2
 MODES = {"chat": pb.MODE_CHAT, "agentic": pb.MODE_AGENTIC, "delegate": pb.MODE_DELEGATE}
 
 
@@ -35,16 +34,6 @@ def _rpc(args: argparse.Namespace, settings: Settings, method: str, request: Any
 
 def _address(args: argparse.Namespace, settings: Settings) -> str:
     return str(args.surface or settings.address("surface"))
-
-
-def _failed(exc: grpc.RpcError, address: str) -> int:
-    err = from_rpc_error(exc)
-    print(f"error: {err.code} ({err.reason}): {err.message}", file=sys.stderr)
-    if err.code == "UNAVAILABLE":
-        print(f"is the mesh running? (surface at {address})", file=sys.stderr)
-    for field, description in err.field_violations:
-        print(f"  {field}: {description}", file=sys.stderr)
-    return EXIT_RPC_ERROR
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -59,18 +48,18 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "AssembleTools", request)
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
+        return rpc_failure(exc, "surface", _address(args, settings))
     if args.json:
         fmt = "openai_json" if args.format == "openai" else "anthropic_json"
-        print(json.dumps([json.loads(getattr(t, fmt)) for t in response.tools], indent=2))
+        echo_json(json.dumps([json.loads(getattr(t, fmt)) for t in response.tools], indent=2))
         return EXIT_OK
-    print(f"{len(response.tools)} tools ({args.mode}, floor: {response.floor_source})")
+    echo(f"{len(response.tools)} tools ({args.mode}, floor: {response.floor_source})")
     for tool in response.tools:
-        print(f"  {'resident' if tool.resident else 'paged in':<9} {tool.name}")
+        echo(f"  {'resident' if tool.resident else 'paged in':<9} {tool.name}")
     if response.filtered:
-        print(f"filtered by model capabilities: {', '.join(response.filtered)}")
+        echo(f"filtered by model capabilities: {', '.join(response.filtered)}")
     if response.skipped:
-        print(f"skipped (not in the registry for this caller): {', '.join(response.skipped)}")
+        echo(f"skipped (not in the registry for this caller): {', '.join(response.skipped)}")
     return EXIT_OK
 
 
@@ -78,10 +67,10 @@ def cmd_derive(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "DeriveTier0", spb.DeriveTier0Request())
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
-    print(f"{len(response.names)} tools: {', '.join(response.names)}")
+        return rpc_failure(exc, "surface", _address(args, settings))
+    echo(f"{len(response.names)} tools: {', '.join(response.names)}")
     if response.warning:
-        print(f"warning: {response.warning}")
+        echo(f"warning: {response.warning}")
     return EXIT_OK
 
 
@@ -93,13 +82,13 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     try:
         result = evaluate(Path(args.catalog), Path(args.queries), embedder)
     except ToolmeshError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        echo(f"error: {exc.message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(result.lexical.line("bm25"))
+    echo(result.lexical.line("bm25"))
     if result.hybrid is not None:
-        print(result.hybrid.line("hybrid"))
+        echo(result.hybrid.line("hybrid"))
     else:
-        print("hybrid   unavailable: the embedding model package is not installed")
+        echo("hybrid   unavailable: the embedding model package is not installed")
     return EXIT_OK
 
 
@@ -115,12 +104,12 @@ def cmd_models_list(args: argparse.Namespace, settings: Settings) -> int:
     try:
         response = _rpc(args, settings, "ListModelConfigs", spb.ListModelConfigsRequest())
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
-    print(
+        return rpc_failure(exc, "surface", _address(args, settings))
+    echo(
         f"{'model':<24} {'provider':<16} {'max out':>7}  {'roles':<28} {'capabilities':<24} prices"
     )
     for config in response.configs:
-        print(_model_line(config))
+        echo(_model_line(config))
     return EXIT_OK
 
 
@@ -141,8 +130,8 @@ def cmd_models_set(args: argparse.Namespace, settings: Settings) -> int:
             args, settings, "UpsertModelConfig", spb.UpsertModelConfigRequest(config=config)
         )
     except grpc.RpcError as exc:
-        return _failed(exc, _address(args, settings))
-    print(_model_line(response.config))
+        return rpc_failure(exc, "surface", _address(args, settings))
+    echo(_model_line(response.config))
     return EXIT_OK
 
 

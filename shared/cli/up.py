@@ -10,6 +10,7 @@ import sys
 import time
 from types import FrameType
 
+from shared.cli.render import echo
 from shared.config import IMPLEMENTED_SERVICES, Settings
 from shared.db.engine import upgrade
 from shared.errors import ToolmeshError
@@ -36,7 +37,7 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         for root in settings.data_roots:
             root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(
+        echo(
             f"error: cannot create the data directory {exc.filename}: {exc.strerror} "
             "(set TOOLMESH_DATA_DIR / TOOLMESH_DATA_ROOTS)",
             file=sys.stderr,
@@ -45,10 +46,10 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     try:
         upgrade(settings.database_url)
     except ToolmeshError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        echo(f"error: {exc.message}", file=sys.stderr)
         return 2
     if stopping:
-        print("toolmesh stopped.", flush=True)
+        echo("toolmesh stopped.", flush=True)
         return 0
     env = service_env()
     env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "1000")  # `toolmesh trace --last` right after a call
@@ -59,14 +60,14 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         try:
             port = collector.start()
         except OSError as exc:
-            print(
+            echo(
                 f"error: cannot start the span store on 127.0.0.1:{args.collector_port} ({exc}); "
                 "pass --collector-port or set OTEL_EXPORTER_OTLP_ENDPOINT",
                 file=sys.stderr,
             )
             return 2
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"127.0.0.1:{port}"
-        print(f"span store      listening on 127.0.0.1:{port} -> {spans_path}", flush=True)
+        echo(f"span store      listening on 127.0.0.1:{port} -> {spans_path}", flush=True)
 
     started: list[ServiceProcess] = []
     code = 0
@@ -83,10 +84,10 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         if stopping:  # stopped while starting: not an error
             return code
         for proc in started:
-            print(f"{proc.name:<15} listening on {proc.address}", flush=True)
-        print(f"database        {settings.database_url}", flush=True)
-        print(f"data roots      {os.pathsep.join(map(str, settings.data_roots))}", flush=True)
-        print("toolmesh is up; Ctrl-C stops it.", flush=True)
+            echo(f"{proc.name:<15} listening on {proc.address}", flush=True)
+        echo(f"database        {settings.database_url}", flush=True)
+        echo(f"data roots      {os.pathsep.join(map(str, settings.data_roots))}", flush=True)
+        echo("toolmesh is up; Ctrl-C stops it.", flush=True)
         while not stopping:
             time.sleep(0.2)  # a signal's handler runs as soon as the sleep is interrupted
             if stopping:
@@ -94,16 +95,16 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
             dead = [p for p in started if p.process.poll() is not None]
             if dead:
                 for p in dead:
-                    print(f"{p.name} exited with {p.process.returncode}", file=sys.stderr)
+                    echo(f"{p.name} exited with {p.process.returncode}", file=sys.stderr)
                 code = 1
                 break
     except LaunchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         code = 2
     finally:
         for proc in reversed(started):
             proc.stop(timeout=settings.grace_s + 5)
         if collector is not None:
             collector.stop()
-        print("toolmesh stopped.", flush=True)
+        echo("toolmesh stopped.", flush=True)
     return code
