@@ -12,7 +12,10 @@ Nothing else changes for a call: the same method, request and response messages,
 metadata (trace context, baggage; the stream's own metadata, such as the channel's API key,
 applies to every call on it), deadline, cancellation and errors (code, message and the
 google.rpc.Status trailer), served by the same handler, wrapped by the same HandlerWrapper
-(SERVER span, API-key check, error mapping), as the unary call.
+(SERVER span, API-key check, error mapping), as the unary call. A service with API keys
+admits a stream only with a valid key in the stream's own metadata: it refuses any other
+UNAUTHENTICATED as it opens, reading none of its calls, and the client then sends its calls
+unary for a while (MuxChannel.refused), where each is checked on its own as before.
 
 - Client: `MuxChannel` wraps a grpc.aio channel. Its unary-unary multicallables (what the
   generated stubs use) send the call over the stream; every other kind of call, a request
@@ -37,7 +40,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -121,6 +124,10 @@ class _Retry:
 
 
 _RETRY = _Retry()
+# The answer of a call on a stream the server refused when it opened (UNAUTHENTICATED: the
+# stream's metadata had no valid API key): the call never started, and is sent again unary,
+# where the server checks it on its own (a call may carry its own key).
+_UNARY = object()
 _EXPIRED = object()  # the answer of a call whose deadline passed first
 _BROKEN_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 
@@ -150,6 +157,9 @@ class _Connection:
         # is known (_end), so an end that disables the stream (UNIMPLEMENTED) is seen first.
         self.unsent: set[int] = set()
         self.opened = time.monotonic()
+        # The status the stream ended with first (see _on_done).
+        self.first_code: grpc.StatusCode | None = None
+        self.call.add_done_callback(self._on_done)
         self._outbox: collections.deque[mpb.Call] = collections.deque()
         self._loop = asyncio.get_running_loop()
         self._wake: asyncio.Future[None] | None = None
@@ -159,6 +169,22 @@ class _Connection:
     def send(self, frame: mpb.Call) -> None:
         self._outbox.append(frame)
         self._wake_writer()
+
+    def _on_done(self, call: Any) -> None:
+        """Keep the status the stream ended with first. When the server ends a stream while a
+        write of ours is in flight (a server refusing the stream at open answers within a
+        round trip, while the client goes on writing calls), that write fails, and grpc.aio
+        then replaces the call's status with INTERNAL "Internal error from Core"
+        (_AioCall.set_internal_error): the reader may see only that (measured: most calls on
+        refused streams then failed "the call stream broke" or "kept closing"). The server's
+        status is the first one set, and a done callback runs as it is set."""
+        coro = call.code()
+        try:
+            coro.send(None)  # a finished call's code() returns without waiting
+        except StopIteration as stop:
+            self.first_code = stop.value
+        else:
+            coro.close()
 
     def cancel(self, call_id: int) -> None:
         """The caller gave up (cancelled, or its deadline passed): the server stops the call
@@ -251,9 +277,23 @@ class _Connection:
     def _end(self, error: grpc.aio.AioRpcError | None) -> None:
         """The stream is over. A clean end (OK) means the server never started the calls still
         pending: they are sent again on a new stream; so are all of them if the server does
-        not serve MuxService. Any other end fails them with the stream's status."""
+        not serve MuxService. A stream the server refused when it opened (UNAUTHENTICATED:
+        no valid API key in the stream's metadata; the server reads no call from it, and
+        ends a stream UNAUTHENTICATED only so) started none either: they are sent again
+        unary, once, each checked on its own (see MuxChannel.refused). Any other end fails
+        them with the stream's status."""
         self.closed = True
         self._owner.forget(self)
+        code = None if error is None else error.code()
+        if grpc.StatusCode.UNAUTHENTICATED in (self.first_code, code):
+            self._owner.refused()
+            pending, self.pending = self.pending, {}
+            self.parts.clear()
+            for future in pending.values():
+                if not future.done():
+                    future.set_result(_UNARY)
+            self._wake_writer()
+            return
         if self.broken and error is not None and error.code() in _BROKEN_CODES:
             # What our failed write left (gRPC answers INTERNAL "Internal error from Core" for
             # a write on a finished stream, CANCELLED after ours): the calls already on the
@@ -369,6 +409,9 @@ class _MuxUnaryUnary:
                 raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             if reply is _RETRY:
                 continue
+            if reply is _UNARY:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return await self._plain(request, timeout=left, metadata=metadata)
             if reply.code == _OK:
                 raw = reply.response
                 return self._deserialize(raw) if self._deserialize is not None else raw
@@ -399,6 +442,7 @@ class MuxChannel(grpc.aio.Channel):
         self._slots: list[_Connection | None] = [None] * max(1, streams)
         self._turn = 0
         self._max_age_s = max_age_s
+        self._refused_until = 0.0  # calls go unary until then (see refused)
 
     def connection(self) -> _Connection | None:
         """The call stream for the next call, taking the streams in turn: opened if its slot
@@ -410,6 +454,8 @@ class MuxChannel(grpc.aio.Channel):
         turn = self._turn = (self._turn + 1) % len(slots)
         connection = slots[turn]
         if connection is None or connection.closed:
+            if self._refused_until and time.monotonic() < self._refused_until:
+                return None
             connection = slots[turn] = _Connection(self)
         elif time.monotonic() - connection.opened > self._max_age_s:
             connection.retire()
@@ -420,6 +466,22 @@ class MuxChannel(grpc.aio.Channel):
         for i, held in enumerate(self._slots):
             if held is connection:
                 self._slots[i] = None
+
+    def refused(self) -> None:
+        """The server refused a call stream when it opened (UNAUTHENTICATED: the stream's
+        metadata, `stream_metadata`, had no valid API key). The calls that were on it never
+        started, and go unary; so do new calls for the next max_age_s, rather than each
+        opening a stream to be refused. The server checks a unary call on its own, as it
+        would on a stream: it fails UNAUTHENTICATED, with the reason, unless the call carries
+        a valid key (its own, or the one the wrapped channel adds to every unary call). Then
+        a stream is tried again (the server's keys may have changed)."""
+        if not self._refused_until or time.monotonic() >= self._refused_until:
+            logger.warning(
+                "the server refused the call stream (UNAUTHENTICATED: no valid API key in the "
+                "stream's metadata): calls go unary for %.0f s",
+                self._max_age_s,
+            )
+        self._refused_until = time.monotonic() + self._max_age_s
 
     def disable(self, error: grpc.aio.AioRpcError) -> None:
         if not self.disabled:
@@ -770,11 +832,21 @@ class _ServerStream:
 
 class MuxServicer(mux_pb2_grpc.MuxServiceServicer):
     """Serves the unary methods in `handlers` (method path -> handler, as registered on the
-    same server: already wrapped by the HandlerWrapper) over call streams."""
+    same server: already wrapped by the HandlerWrapper) over call streams.
 
-    def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+    `admit`, when given, is awaited as each stream opens, with the stream's context, before any
+    of its frames is read: it refuses the stream by aborting the context (the server's API-key
+    check, shared.server.HandlerWrapper.admit_stream). Once per stream, never per call."""
+
+    def __init__(
+        self,
+        handlers: Mapping[str, grpc.RpcMethodHandler],
+        *,
+        admit: Callable[[grpc.aio.ServicerContext], Awaitable[None]] | None = None,
+    ) -> None:
         self.handlers = handlers
         self.draining = False
+        self._admit = admit
         self._streams: set[_ServerStream] = set()
 
     def drain(self) -> None:
@@ -790,6 +862,8 @@ class MuxServicer(mux_pb2_grpc.MuxServiceServicer):
             # own), and the client would open the next, and so on until the server stops:
             # refused instead, so its calls fail UNAVAILABLE and go to another replica.
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
+        if self._admit is not None:
+            await self._admit(context)  # aborts the stream to refuse it
         stream = _ServerStream(self, context)
         self._streams.add(stream)
         try:

@@ -31,7 +31,7 @@ from shared.errors import (
     ToolmeshError,
     Unavailable,
 )
-from shared.mux import MuxServicer
+from shared.mux import CALLS_METHOD, MuxServicer
 from shared.rpc_errors import status_message, to_status_code, trailing_metadata
 from shared.service_main import EXIT_WITH_PARENT_ENV
 from shared.telemetry.tracing import current_trace_id, extract_context, tracer
@@ -166,11 +166,15 @@ class HandlerWrapper:
         trust_baggage: bool = True,
         auth: MeshAuth | None = None,
         max_in_flight: int = 0,
+        stream_keys: ApiKeys | None = None,
     ) -> None:
         self._tracing = tracing
         self._max_in_flight = max_in_flight  # 0: no limit
         self._trust_baggage = trust_baggage
         self._auth = auth
+        # The keys a call stream must carry as it opens (admit_stream): auth's, or those of a
+        # service that checks its callers itself (the dispatcher).
+        self.stream_keys = auth.keys if auth is not None else stream_keys
         # method -> (the service's handler, its wrapped handler): one wrapper per method, shared
         # by the generic and the registered-method lookups.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -216,6 +220,34 @@ class HandlerWrapper:
         self._inflight -= 1
         if self._inflight == 0 and self._idle is not None:
             self._idle.set()
+
+    async def admit_stream(self, context: grpc.aio.ServicerContext) -> None:
+        """Let a call stream (shared.mux, MuxService/Calls) open, or refuse it at once.
+
+        With API keys, the stream's own metadata must carry a known key: a stream opened
+        without one, or with an unknown key, is refused UNAUTHENTICATED, with the status and
+        ErrorInfo a unary call without that key gets, before any of its frames is read; so a
+        caller without a key cannot hold streams open on the service. Admitting a stream grants
+        nothing else: each call on it is still checked on its own, as a unary call is (an
+        admin method, the tenant, the capabilities claimed). Once per stream, never per call.
+        Without API keys every stream opens (create_server then passes no check at all).
+
+        An open stream is not counted in flight (TOOLMESH_MAX_IN_FLIGHT): a client keeps its
+        streams open, busy or idle, for as long as it runs (shared.mux renews them), so
+        counting them would hold slots for good and shed ordinary calls once enough clients
+        were connected. Each call on a stream is counted while it runs, as a unary call is.
+        Nor are streams capped per peer or in total: a peer is one connection (a client opens
+        as many as it likes), and a cap in total would let one key holder push every other
+        client's calls off their streams. What bounds them is the key: only a key holder
+        holds a stream (about 23 KB of server memory while idle, measured), with at most
+        shared.mux.MAX_CALLS_PER_STREAM calls in flight on it, and keepalive drops a peer that
+        vanished (keepalive_options)."""
+        if self.stream_keys is None:
+            return
+        try:
+            self.stream_keys.authenticate(context.invocation_metadata())
+        except ToolmeshError as exc:
+            await _abort(context, trace.INVALID_SPAN, exc, CALLS_METHOD)  # raises
 
     def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         cached = self._wrapped.get(method)
@@ -568,13 +600,17 @@ async def create_server(
     auth: MeshAuth | None = None,
     min_ping_interval_s: float = MIN_PING_INTERVAL_S,
     max_in_flight: int = 0,
+    stream_keys: ApiKeys | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start a server with health, reflection and the handler wrapper. Returns the bound
     port (pass port 0 in tests to get a free one). An edge service (the dispatcher) passes
     trust_baggage=False: W3C baggage from its callers is dropped, never propagated. With `auth`,
-    every RPC but health and reflection is checked against the API keys. Keepalive: see
+    every RPC but health and reflection is checked against the API keys, and a call stream as
+    it opens (HandlerWrapper.admit_stream). Keepalive: see
     keepalive_options. With `max_in_flight`, a call past that many running at once is answered
-    RESOURCE_EXHAUSTED (reason OVERLOADED) without running."""
+    RESOURCE_EXHAUSTED (reason OVERLOADED) without running. A service that checks its callers'
+    keys itself (the dispatcher) passes them as `stream_keys`, so that its call streams, too,
+    open only with a known key."""
     bindings = list(bindings)
     server = grpc.aio.server(
         options=[
@@ -585,7 +621,11 @@ async def create_server(
         ],
     )
     wrapper = HandlerWrapper(
-        tracing, trust_baggage=trust_baggage, auth=auth, max_in_flight=max_in_flight
+        tracing,
+        trust_baggage=trust_baggage,
+        auth=auth,
+        max_in_flight=max_in_flight,
+        stream_keys=stream_keys,
     )
     _WRAPPER_OF[server] = wrapper
     registrar: Any = Registrar(server, wrapper)
@@ -593,8 +633,12 @@ async def create_server(
         binding.add_to_server(binding.servicer, registrar)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
-    # The mesh's own clients send their unary calls over one call stream (shared.mux).
-    mux = MuxServicer(registrar.unary_handlers)
+    # The mesh's own clients send their unary calls over one call stream (shared.mux); with
+    # API keys, a stream opens only with a known key (HandlerWrapper.admit_stream).
+    mux = MuxServicer(
+        registrar.unary_handlers,
+        admit=wrapper.admit_stream if wrapper.stream_keys is not None else None,
+    )
     mux_pb2_grpc.add_MuxServiceServicer_to_server(mux, registrar)
     _MUX_OF[server] = mux
     names = [b.full_name for b in bindings] + [MUX_SERVICE]

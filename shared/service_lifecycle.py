@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from shared.auth import ApiKeys
 from shared.config import Settings
 from shared.server import MeshAuth, ServiceBinding, create_server, serve_until_signalled
 from shared.service_main import announce_ready, freeze_startup_heap
@@ -23,14 +24,17 @@ async def serve_service(
     stop: asyncio.Event,
     on_stop: Callable[[], Awaitable[None]],
     auth: MeshAuth | None = None,
+    stream_keys: ApiKeys | None = None,
     trust_baggage: bool = True,
     on_bound: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `binding` on `settings.host:port` until `stop` is set (see
     shared.server.install_stop_signals). `on_bound(port)` runs once the server listens and
     before readiness is announced (work that needs the bound port, or that must not delay
-    binding). After the drain, `on_stop` releases the service's own resources; tracing and
-    metrics are flushed after it, so spans it ends are exported too."""
+    binding). `auth` checks every call's key; a service that checks them itself passes its
+    `stream_keys` (see shared.server.create_server). After the drain, `on_stop` releases the
+    service's own resources; tracing and metrics are flushed after it, so spans it ends are
+    exported too."""
     server, bound, health = await create_server(
         [binding],
         host=settings.host,
@@ -39,6 +43,7 @@ async def serve_service(
         max_in_flight=settings.max_in_flight,
         trust_baggage=trust_baggage,
         auth=auth,
+        stream_keys=stream_keys,
     )
     if on_bound is not None:
         await on_bound(bound)

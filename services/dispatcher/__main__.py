@@ -47,12 +47,8 @@ async def serve(settings: Settings, port: int) -> None:
         effects_store=effects_store,
     )
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
-    servicer = DispatcherServicer(
-        core,
-        log,
-        ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None,
-        ExportFiles(effects_store, settings.data_dir),
-    )
+    keys = ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None
+    servicer = DispatcherServicer(core, log, keys, ExportFiles(effects_store, settings.data_dir))
 
     async def on_stop() -> None:
         await core.close()
@@ -73,6 +69,7 @@ async def serve(settings: Settings, port: int) -> None:
         ),
         stop=stop,
         on_stop=on_stop,
+        stream_keys=keys,  # the servicer checks each call; a call stream opens with a key
         trust_baggage=False,  # the mesh's edge: a client's baggage is dropped, never trusted
     )
 

@@ -1,12 +1,13 @@
 """The call stream (shared.mux): unary calls over one bidirectional stream behave as unary calls
 do — results, errors with their rich status, deadlines, cancellation, metadata, large messages —
-and fall back to plain unary calls where the stream cannot serve."""
+and fall back to plain unary calls where the stream cannot serve. With API keys, a stream opens
+only with a valid key of its own."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -15,12 +16,19 @@ from shared import mux
 from shared.auth import ApiKeys, Principal, key_digest
 from shared.errors import FailedPrecondition
 from shared.mux import MAX_FRAME_REQUEST_BYTES, MuxChannel, MuxServicer, MuxServicerContext
-from shared.rpc_errors import from_rpc_error
+from shared.rpc_errors import DETAILS_KEY, from_rpc_error
 from shared.server import HandlerWrapper, MeshAuth
 from toolmesh.mux.v1 import mux_pb2 as mpb
 from toolmesh.mux.v1 import mux_pb2_grpc
 
 SERVICE = "test.Echo"
+KEYS = ApiKeys(
+    {
+        key_digest("admin-key"): Principal("ops", "*", admin=True),
+        key_digest("tenant-key"): Principal("a", "tenant-a"),
+    }
+)
+TENANT_KEY = (("authorization", "Bearer tenant-key"),)
 
 
 def _ident(b: bytes) -> bytes:
@@ -36,6 +44,7 @@ class Handlers:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.slow_started = 0
+        self.streams_opened = 0  # on a server with API keys
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         self.contexts.append(context)
@@ -66,9 +75,13 @@ class Handlers:
 
 
 async def _server(
-    handlers: Handlers, *, mux: bool = True, auth: MeshAuth | None = None
+    handlers: Handlers,
+    *,
+    mux: bool = True,
+    auth: MeshAuth | None = None,
+    max_in_flight: int = 0,
 ) -> tuple[grpc.aio.Server, str]:
-    wrapper = HandlerWrapper(False, auth=auth)
+    wrapper = HandlerWrapper(False, auth=auth, max_in_flight=max_in_flight)
     table = {
         name: wrapper.wrap(
             f"/{SERVICE}/{name}",
@@ -84,7 +97,16 @@ async def _server(
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, table),))
     if mux:
-        servicer = MuxServicer({f"/{SERVICE}/{n}": h for n, h in table.items()})
+
+        async def admit(context: grpc.aio.ServicerContext) -> None:
+            handlers.streams_opened += 1
+            await wrapper.admit_stream(context)
+
+        # As create_server wires it: streams are checked as they open when there are keys.
+        servicer = MuxServicer(
+            {f"/{SERVICE}/{n}": h for n, h in table.items()},
+            admit=admit if auth is not None else None,
+        )
         mux_pb2_grpc.add_MuxServiceServicer_to_server(servicer, server)
         server.mux = servicer  # type: ignore[attr-defined]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -306,12 +328,12 @@ async def test_open_channel_uses_the_call_stream_unless_turned_off(
 # --- a hostile client on the raw stream --------------------------------------------------------
 
 
-def _raw_stream(channel: grpc.aio.Channel) -> Any:
+def _raw_stream(channel: grpc.aio.Channel, metadata: Any = None) -> Any:
     return channel.stream_stream(
         "/toolmesh.mux.v1.MuxService/Calls",
         request_serializer=mpb.CallsRequest.SerializeToString,
         response_deserializer=mpb.CallsResponse.FromString,
-    )()
+    )(metadata=metadata)
 
 
 async def _answers(call: Any, n: int) -> dict[int, mpb.Reply]:
@@ -383,17 +405,9 @@ async def test_a_client_that_floods_the_stream_is_held_back(
 
 
 async def test_api_keys_are_checked_for_every_call_on_the_stream(handlers: Handlers) -> None:
-    keys = ApiKeys(
-        {
-            key_digest("admin-key"): Principal("ops", "*", admin=True),
-            key_digest("tenant-key"): Principal("a", "tenant-a"),
-        }
-    )
-    server, address = await _server(handlers, auth=MeshAuth(keys, frozenset({"echo"})))
+    server, address = await _server(handlers, auth=MeshAuth(KEYS, frozenset({"echo"})))
     keyless = MuxChannel(grpc.aio.insecure_channel(address))
-    tenant = MuxChannel(
-        grpc.aio.insecure_channel(address), (("authorization", "Bearer tenant-key"),)
-    )
+    tenant = MuxChannel(grpc.aio.insecure_channel(address), TENANT_KEY)
     admin = MuxChannel(grpc.aio.insecure_channel(address), (("authorization", "Bearer admin-key"),))
     try:
         with pytest.raises(grpc.aio.AioRpcError) as missing:
@@ -446,4 +460,211 @@ async def test_calls_whose_write_fails_are_sent_again_on_a_new_stream(handlers: 
     finally:
         handlers.release.set()
         await channel.close()
+        await server.stop(None)
+
+
+# --- API keys at the stream's open -------------------------------------------------------------
+
+
+def _refusal(error: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str, Any]:
+    """What a refusal carries: code, message and the google.rpc.Status (ErrorInfo) trailer."""
+    status = dict(error.trailing_metadata() or ()).get(DETAILS_KEY)
+    assert status, "no google.rpc.Status trailer"
+    return error.code(), error.details() or "", status
+
+
+async def test_a_stream_without_a_valid_key_is_refused_as_it_opens(handlers: Handlers) -> None:
+    """Refused at once, before any call on it is read, with the status and ErrorInfo a unary
+    call without that key gets; a stream with a valid key opens and serves."""
+    server, address = await _server(handlers, auth=MeshAuth(KEYS))
+    channel = grpc.aio.insecure_channel(address)
+    try:
+        for metadata, reason in (
+            (None, "API_KEY_MISSING"),
+            ((("authorization", "Bearer not-a-key"),), "API_KEY_UNKNOWN"),
+        ):
+            call = _raw_stream(channel, metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(call.read(), 5)  # nothing sent: it was never held open
+            with pytest.raises(grpc.aio.AioRpcError) as unary:
+                await method(channel, "echo")(b"x", metadata=metadata, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert _refusal(refused.value) == _refusal(unary.value)
+            assert from_rpc_error(refused.value).reason == reason
+        assert not server.mux._streams
+        admitted = _raw_stream(channel, TENANT_KEY)
+        await admitted.write(
+            mpb.CallsRequest(calls=[mpb.Call(call_id=1, method=f"/{SERVICE}/echo", request=b"in")])
+        )
+        got = await _answers(admitted, 1)
+        assert (got[1].code, got[1].response) == (0, b"in")
+        admitted.cancel()
+        assert handlers.streams_opened == 3
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_a_refused_streams_calls_fail_unauthenticated_at_once_and_later_ones_go_unary(
+    handlers: Handlers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mesh's client (open_channel) with no key or a wrong one: every call fails
+    UNAUTHENTICATED with the server's reason, promptly, neither retried on stream after stream
+    nor failed as a broken stream; after the refusal its calls go unary (no stream per call),
+    so a call that carries a valid key of its own is served, as it would be unary."""
+    from shared.clients import open_channel
+
+    for name in ("TOOLMESH_API_KEY", "TOOLMESH_MUX", "TOOLMESH_MUX_STREAMS"):
+        monkeypatch.delenv(name, raising=False)
+    server, address = await _server(handlers, auth=MeshAuth(KEYS))
+    keyless = open_channel(address, api_key="")
+    wrong = open_channel(address, api_key="not-a-key")
+    try:
+        for channel, reason in ((keyless, "API_KEY_MISSING"), (wrong, "API_KEY_UNKNOWN")):
+            assert isinstance(channel, MuxChannel)
+            echo = method(channel, "echo")
+            at_once = asyncio.gather(
+                *(echo(b"x", timeout=10) for _ in range(30)), return_exceptions=True
+            )
+            one_by_one = [
+                await asyncio.wait_for(asyncio.gather(echo(b"y"), return_exceptions=True), 5)
+                for _ in range(10)
+            ]
+            results = [*await asyncio.wait_for(at_once, 10), *(r[0] for r in one_by_one)]
+            for error in results:
+                assert isinstance(error, grpc.aio.AioRpcError), error
+                assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
+                assert from_rpc_error(error).reason == reason
+        assert handlers.streams_opened <= 4  # its two stream slots each, not one per call
+        assert not server.mux._streams  # nor does it hold any
+        mine = await method(keyless, "echo")(
+            b"mine", metadata=(("authorization", "Bearer tenant-key"),), timeout=5
+        )
+        assert mine == b"mine"
+    finally:
+        await keyless.close()
+        await wrong.close()
+        await server.stop(None)
+
+
+def _internal_from_core() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="Internal error from Core",
+    )
+
+
+class _WriteInFlightAsItEnds:
+    """A Calls stream as grpc.aio presents one the server ended while a write was in flight
+    (a refusal at open arrives within a round trip, while the client goes on writing calls):
+    the write fails, and from then on the call reads INTERNAL "Internal error from Core"
+    (grpc.aio's _AioCall.set_internal_error replaces the server's status); only a done
+    callback, run as the server's status is set, sees that status."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def add_done_callback(self, callback: Any) -> None:
+        self._call.add_done_callback(callback)
+
+    async def write(self, message: Any) -> None:
+        await self._call.write(message)
+        await self._call.code()  # still in flight when the stream ends
+        raise _internal_from_core()
+
+    async def read(self) -> Any:
+        try:
+            return await self._call.read()
+        except grpc.aio.AioRpcError:
+            raise _internal_from_core() from None
+
+    async def done_writing(self) -> None:
+        await self._call.done_writing()
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+
+class _WritesInFlightChannel:
+    """A channel whose streams are _WriteInFlightAsItEnds; the rest is the wrapped channel."""
+
+    def __init__(self, inner: grpc.aio.Channel) -> None:
+        self._inner = inner
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        open_call = self._inner.stream_stream(*args, **kwargs)
+        return lambda **options: _WriteInFlightAsItEnds(open_call(**options))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_refused_stream_whose_write_was_in_flight_still_fails_unauthenticated(
+    handlers: Handlers,
+) -> None:
+    """The stream reads INTERNAL, as a broken one would, but the server refused it: the calls
+    fail UNAUTHENTICATED (never UNAVAILABLE "the call stream broke" or "kept closing"), and a
+    stream is tried again once max_age_s has passed."""
+    server, address = await _server(handlers, auth=MeshAuth(KEYS))
+    inner = _WritesInFlightChannel(grpc.aio.insecure_channel(address))
+    channel = MuxChannel(cast(grpc.aio.Channel, inner), streams=1, max_age_s=0.2)
+    try:
+        echo = method(channel, "echo")
+        results = await asyncio.wait_for(
+            asyncio.gather(*(echo(b"x", timeout=10) for _ in range(5)), return_exceptions=True),
+            10,
+        )
+        assert handlers.streams_opened == 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while handlers.streams_opened < 2 and loop.time() < deadline:
+            results.append(*await asyncio.gather(echo(b"y", timeout=5), return_exceptions=True))
+        assert handlers.streams_opened >= 2  # tried again after the refusal's max_age_s
+        for error in results:
+            assert isinstance(error, grpc.aio.AioRpcError), error
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error.details()
+            assert from_rpc_error(error).reason == "API_KEY_MISSING"
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_streams_take_no_in_flight_slot_and_the_calls_on_them_do(handlers: Handlers) -> None:
+    """TOOLMESH_MAX_IN_FLIGHT (see HandlerWrapper.admit_stream): a stream refused at open is
+    gone at once; an admitted one, open and idle, holds no slot, so however many are open an
+    ordinary call is not shed; each call on a stream holds one while it runs."""
+    server, address = await _server(handlers, auth=MeshAuth(KEYS), max_in_flight=1)
+    plain = grpc.aio.insecure_channel(address)
+    clients = [
+        MuxChannel(grpc.aio.insecure_channel(address), TENANT_KEY, streams=1) for _ in range(3)
+    ]
+    try:
+        for call in [_raw_stream(plain) for _ in range(20)]:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(call.read(), 5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for client in clients:
+            assert await method(client, "echo")(b"open", timeout=5) == b"open"
+        assert len(server.mux._streams) == 3
+        assert await method(plain, "echo")(b"unary", metadata=TENANT_KEY, timeout=5) == b"unary"
+        slow = asyncio.ensure_future(method(clients[0], "slow")(b"", timeout=10))
+        await asyncio.wait_for(handlers.started.wait(), 5)
+        for shed in (
+            method(clients[1], "echo")(b"x", timeout=5),
+            method(plain, "echo")(b"x", metadata=TENANT_KEY, timeout=5),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as overloaded:
+                await shed
+            assert overloaded.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert from_rpc_error(overloaded.value).reason == "OVERLOADED"
+        handlers.release.set()
+        assert await slow == b"done"
+        assert await method(clients[1], "echo")(b"after", timeout=5) == b"after"
+    finally:
+        handlers.release.set()
+        for client in clients:
+            await client.close()
+        await plain.close()
         await server.stop(None)
