@@ -2,7 +2,10 @@
 are normalised first (a named index becomes columns, column names unique strings, mixed-type
 object columns stored as strings) so any DataFrame a handler produces can be stored and sent.
 Lists of integers with nulls among them are read back as Python lists (`[1, None, 3]`), not the
-float arrays pandas makes of them (`[1.0, nan, 3.0]`), so they are stored as integers again."""
+float arrays pandas makes of them (`[1.0, nan, 3.0]`), so they are stored as integers again.
+Lists of uint64 with nulls are the exception (Python ints past int64 cannot be stored again):
+ipc_to_dataframe gives them as pandas' floats, so a caller that must keep them exact (the
+analysis tools, for files and query results) casts them first with exact_unsigned_lists."""
 
 from __future__ import annotations
 
@@ -114,6 +117,12 @@ def _null_integers_inside(column: pa.ChunkedArray) -> bool:
     """Whether a list (of lists, …) column holds null integers among others: pandas turns the
     integer arrays it makes of such lists into floats, with NaN for the nulls. (When every
     integer is null there is none to keep, nor a type to infer from them again.)"""
+    values = _flat_values(column)
+    return 0 < values.null_count < len(values)
+
+
+def _flat_values(column: pa.ChunkedArray) -> pa.Array:
+    """The innermost values of a list (of lists, …) column, nulls included."""
     values: pa.Array | pa.ChunkedArray = column
     while _is_list(values.type):
         if isinstance(values, pa.ChunkedArray):
@@ -121,7 +130,67 @@ def _null_integers_inside(column: pa.ChunkedArray) -> bool:
         if pa.types.is_list_view(values.type) or pa.types.is_large_list_view(values.type):
             values = values.cast(pa.large_list(values.type.value_type))
         values = pc.list_flatten(values)
-    return 0 < values.null_count < len(values)
+    assert isinstance(values, pa.Array)
+    return values
+
+
+# The largest value an int64 holds: lists of uint64 up to it are stored as lists of int64.
+MAX_INT64 = 2**63 - 1
+# Every uint64 fits in a decimal of 20 digits, which Arrow, pandas (as Decimal) and SQL keep exact.
+UINT64_AS_DECIMAL = pa.decimal128(20, 0)
+
+
+def _with_leaf(data_type: pa.DataType, leaf: pa.DataType) -> pa.DataType:
+    """`data_type`, a list (of lists, …), with `leaf` for its innermost values; list views as
+    large lists (Arrow casts between list views of different values only through those)."""
+    if not _is_list(data_type):
+        return leaf
+    inner = data_type.value_field.with_type(_with_leaf(data_type.value_type, leaf))
+    if pa.types.is_fixed_size_list(data_type):
+        return pa.list_(inner, data_type.list_size)
+    if pa.types.is_list(data_type):
+        return pa.list_(inner)
+    return pa.large_list(inner)
+
+
+def _leaf(data_type: pa.DataType) -> pa.DataType:
+    while _is_list(data_type):
+        data_type = data_type.value_type
+    return data_type
+
+
+def exact_unsigned_lists(table: pa.Table) -> tuple[pa.Table, dict[str, str]]:
+    """`table` with each list (of lists, …) of uint64 that has nulls among its values cast to
+    a type that survives pandas and storage exactly: lists of int64 when every value fits in
+    one (as integer_lists_as_lists then keeps them), else lists of decimal(20, 0). pandas
+    makes float arrays of such lists (`[1.8446744073709552e+19, nan]`), exact only up to
+    2**53, and their Python ints past int64 could not be stored again. Also returns the new
+    type of each column changed, by name. Other columns, and uint64 lists without nulls
+    (uint64 arrays to pandas, exact), are left as they are."""
+    changed: dict[str, str] = {}
+    columns: list[pa.ChunkedArray] = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if (
+            _is_list(field.type)
+            and pa.types.is_uint64(_leaf(field.type))
+            and _null_integers_inside(column)
+        ):
+            largest = pc.max(_flat_values(column)).as_py()
+            leaf = pa.int64() if largest is None or largest <= MAX_INT64 else UINT64_AS_DECIMAL
+            try:
+                column = column.cast(_with_leaf(field.type, pa.uint64())).cast(
+                    _with_leaf(field.type, leaf)
+                )
+            except pa.ArrowNotImplementedError as exc:  # not expected: a cast Arrow lacks
+                logger.warning("cannot cast column %r of %s: %s", field.name, field.type, exc)
+            else:
+                changed[field.name] = str(column.type)
+        columns.append(column)
+    if not changed:
+        return table, changed
+    # Rebuilt from the columns, with the table's metadata (pandas': its index, names).
+    rebuilt = pa.Table.from_arrays(columns, names=table.column_names)
+    return rebuilt.replace_schema_metadata(table.schema.metadata), changed
 
 
 def integer_lists_as_lists(table: pa.Table, df: pd.DataFrame) -> pd.DataFrame:
@@ -129,7 +198,8 @@ def integer_lists_as_lists(table: pa.Table, df: pd.DataFrame) -> pd.DataFrame:
     the integers as Python lists of ints and None: pandas makes float arrays of them
     (`[1.0, nan, 3.0]`), which would be stored back as lists of doubles. Other columns, and
     integer lists without nulls (integer arrays already), are left as they are; so are lists
-    of uint64, whose values past int64 Arrow could not store again from Python ints."""
+    of uint64, whose values past int64 Arrow could not store again from Python ints (see
+    exact_unsigned_lists for those)."""
     positions: dict[str, list[int]] = {}
     for position, name in enumerate(df.columns):
         positions.setdefault(str(name), []).append(position)

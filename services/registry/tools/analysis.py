@@ -51,7 +51,7 @@ from services.registry.context import (
     raise_if_cancelled,
 )
 from services.registry.datasets import dataframe_to_arrow, unique_names
-from shared.arrow_ipc import integer_lists_as_lists
+from shared.arrow_ipc import exact_unsigned_lists, integer_lists_as_lists
 from shared.config import Settings
 from shared.contract import (
     Alternative,
@@ -391,13 +391,27 @@ _NULLABLE_INTEGERS: dict[pa.DataType, Any] = {
 }
 
 
-def _arrow_to_pandas(table: pa.Table) -> pd.DataFrame:
+def _arrow_to_pandas(table: pa.Table, warnings: list[Warning] | None = None) -> pd.DataFrame:
     """`table` as a DataFrame; a column pandas has no type for (a UNION, …) as text. Integer
     columns with nulls stay integers (nullable): pandas makes them float64, which shows a count
     of 3 as 3.0 and rounds an id past 2**53 (Parquet from Spark, DuckDB or Arrow, and query
     results, carry no pandas metadata to say otherwise); lists of integers with nulls among
     them are Python lists (`[1, None, 3]`, not pandas' `[1.0, nan, 3.0]`), so they are stored,
-    shown and queried as integers."""
+    shown and queried as integers. Lists of uint64 with nulls among them become lists of int64,
+    or of decimal(20, 0) past int64 (see exact_unsigned_lists), named in a warning added to
+    `warnings`: as floats they were rounded past 2**53."""
+    table, changed = exact_unsigned_lists(table)
+    if changed and warnings is not None:
+        listed = ", ".join(f"{name} ({kind})" for name, kind in changed.items())
+        warnings.append(
+            Warning(
+                kind="unsigned_lists",
+                message="lists of unsigned 64-bit integers with nulls among them are kept "
+                f"exact as lists of signed integers, or of 20-digit decimals when a value is "
+                f"past 2**63: {listed}",
+                details={"columns": changed},
+            )
+        )
     return integer_lists_as_lists(table, _nullable_integers(table, _arrow_to_pandas_types(table)))
 
 
@@ -419,6 +433,16 @@ def _arrow_to_pandas_types(table: pa.Table) -> pd.DataFrame:
         return table.to_pandas()
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         pass  # ArrowInvalid: a nanosecond TIME, which pandas' time objects cannot hold
+    except (TypeError, ValueError):
+        # The file's pandas metadata names a dtype this pandas cannot rebuild (an Arrow-backed
+        # dtype such as 'list<item: uint64>[pyarrow]', or one from another pandas version):
+        # the Arrow types alone decide, as for a file written without pandas.
+        logger.info("the file's pandas metadata is not usable here; ignoring it")
+        table = table.replace_schema_metadata(None)
+        try:
+            return table.to_pandas()
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            pass
     columns: list[pa.Array | pa.ChunkedArray] = []
     for field, column in zip(table.schema, table.columns, strict=True):
         try:
@@ -1453,7 +1477,11 @@ def _csv_layout(
         preamble -= 1  # blank lines before the header: pandas skips those itself
     rest = "".join(lines[preamble:]) if preamble else text
     given = delimiter
-    if delimiter is None:
+    if delimiter is None and _eurostat_header_line(rest):
+        # Eurostat's TSV: commas inside its first column, tabs between the columns.
+        delimiter = "\t"
+        _detected_delimiter_warning(delimiter, warnings)
+    elif delimiter is None:
         delimiter = _detected_delimiter(rest, complete, warnings)
     records = _sample_records(rest, complete, delimiter) or []
     if preamble > start and records:
@@ -1792,8 +1820,14 @@ def _read_csv(
             f"could not read {path.name!r}: {_first_lines(exc) or type(exc).__name__}; the "
             "file is corrupt or truncated, or not compressed the way its extension says",
         ) from exc
+    eurostat = (
+        _eurostat_key(df.columns[0])
+        if layout.header and delimiter == "\t" and df.shape[1] > 1
+        else None
+    )
+    trimmed: list[Warning] = []  # (Eurostat's period names end in a space: said in its warning)
     if layout.header:
-        df = _trimmed_column_names(df, warnings)
+        df = _trimmed_column_names(df, warnings if eurostat is None else trimmed)
     else:
         df.columns = pd.Index([f"column_{i + 1}" for i in range(df.shape[1])])
     _check_column_names(df, path.name)
@@ -1824,11 +1858,22 @@ def _read_csv(
                 details={"lines": len(notes), "notes": notes[:MAX_NOTES_KEPT]},
             )
         )
-    df = _numbers_as_written(df, read_as_text, may_have_leading_zeros, warnings)
-    df = _huge_integers_as_text(df, warnings)
-    df = _nullable_booleans(df)
-    df = _parse_iso_dates(df, warnings)
-    df = _written_numbers(df, delimiter, warnings)
+    wide = None
+    if eurostat is not None:
+        wide = _eurostat_table(df, eurostat, read_as_text, warnings)
+        if wide is None:
+            warnings.extend(trimmed)
+    if wide is not None:
+        df = wide
+    else:
+        df = _numbers_as_written(df, read_as_text, may_have_leading_zeros, warnings)
+        df = _huge_integers_as_text(df, warnings)
+        df = _nullable_booleans(df)
+        df = _parse_iso_dates(df, warnings)
+        df = _written_numbers(df, delimiter, warnings)
+        df = _numbers_with_markers(df, warnings)
+        df = _gsod_missing(df, warnings)
+        _sentinel_warning(df, warnings)
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
         warnings.append(
@@ -1872,9 +1917,9 @@ _DECIMAL_COMMA_RE = r"^[+-]?\d*,\d+$"
 _INTEGER_RE = r"^[+-]?\d+$"
 # A number with commas between its thousands ("1,234.50": quoted, in a comma-separated file).
 _THOUSANDS_RE = r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$"
-# Written for a missing number in published data (UCI's "?", a dash, SAS's "."), beyond the
-# markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
-MISSING_MARKERS = frozenset({"?", "-", "--", ".", "missing"})
+# Written for a missing number in published data (UCI's "?", a dash, SAS's ".", Eurostat's
+# ":"), beyond the markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
+MISSING_MARKERS = frozenset({"?", "-", "--", ".", ":", "missing"})
 
 
 # A column rule: given a text column and its stripped non-missing values, the column's new
@@ -1965,6 +2010,421 @@ def _written_numbers(df: pd.DataFrame, delimiter: str, warnings: list[Warning]) 
     return _thousands_separators(df, warnings)
 
 
+# --------------------------------------------------------------------------------------------
+# Eurostat's TSV (the bulk download and the dissemination API's format=TSV)
+
+# The first header cell of Eurostat's TSV: the dimensions whose codes make up each row's key,
+# comma-separated, then a backslash and the dimension across the other columns
+# (`freq,unit,na_item,geo\TIME_PERIOD`; `geo\time` in older files).
+_EUROSTAT_KEY_RE = re.compile(
+    r"\s*(?P<dims>[A-Za-z][\w-]*(?:,[A-Za-z][\w-]*)*)\\(?P<across>[A-Za-z][\w-]*)\s*"
+)
+# A cell of it: a number, or `:` for not available, then (after a space) the observation's
+# flags: status letters (`p`, `e`, `bep`), and in newer files `@` and a confidentiality code.
+_EUROSTAT_CELL_RE = re.compile(
+    r"(?P<value>[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|:)"
+    r"(?:\s+(?P<flag>[A-Za-z]{1,8}(?:@[A-Za-z]{1,3})?|@[A-Za-z]{1,3}))?"
+)
+# Eurostat's observation status codes (and the legacy ones still in older files), and its
+# confidentiality codes (after `@`, or `c` before 2025).
+EUROSTAT_FLAGS = {
+    "b": "break in time series",
+    "c": "confidential",
+    "d": "definition differs",
+    "e": "estimated",
+    "f": "forecast",
+    "i": "imputed",
+    "m": "missing, cannot exist",
+    "n": "not significant",
+    "p": "provisional",
+    "r": "revised",
+    "s": "Eurostat estimate",
+    "u": "low reliability",
+    "z": "not applicable",
+    "C": "confidential",
+    "N": "not for publication",
+    "P": "under secrecy arrangements",
+}
+FLAG_COLUMN_SUFFIX = "_flag"
+
+
+@dataclass(frozen=True)
+class _EurostatKey:
+    """The first header cell of a Eurostat TSV file, read."""
+
+    header: str  # as written: `freq,unit,na_item,geo\TIME_PERIOD`
+    dimensions: list[str]  # the row key's: freq, unit, na_item, geo
+    across: str  # the other columns': TIME_PERIOD
+
+
+def _eurostat_key(cell: object) -> _EurostatKey | None:
+    """The Eurostat row-key header `cell` names, else None."""
+    if not isinstance(cell, str):
+        return None
+    match = _EUROSTAT_KEY_RE.fullmatch(cell.lstrip("\ufeff"))
+    if match is None:
+        return None
+    return _EurostatKey(cell.strip(), match.group("dims").split(","), match.group("across"))
+
+
+def _eurostat_header_line(text: str) -> bool:
+    """Whether `text` starts with the header line of a Eurostat TSV file: its first field, up
+    to a tab, is a row-key header (see _EUROSTAT_KEY_RE)."""
+    first, tab, _ = text.partition("\n")[0].partition("\t")
+    return bool(tab) and _eurostat_key(first) is not None
+
+
+def _flag_legend(counts: dict[str, int]) -> str:
+    """`'p' 3, 'c' 1 (p provisional, c confidential)`: the flags found with their counts, then
+    what the letters in them mean."""
+    found = ", ".join(f"{flag!r} {n}" for flag, n in counts.items())
+    letters: dict[str, str] = {}
+    for flag in counts:
+        for letter in flag.replace("@", ""):
+            if letter in EUROSTAT_FLAGS:
+                letters.setdefault(letter, EUROSTAT_FLAGS[letter])
+    meanings = ", ".join(f"{letter} {meaning}" for letter, meaning in letters.items())
+    return f"{found} ({meanings})" if meanings else found
+
+
+def _eurostat_table(
+    df: pd.DataFrame,
+    key: _EurostatKey,
+    read_as_text: Callable[[list[int]], pd.DataFrame],
+    warnings: list[Warning],
+) -> pd.DataFrame | None:
+    """A table in Eurostat's TSV layout (see _EUROSTAT_KEY_RE) as an analyst would have it:
+    the row key split into a text column per dimension (codes such as `B1GQ`, `AT`); the
+    other columns, one per period (`2021`, `2021-Q1`, names without Eurostat's trailing
+    space), as numbers, `:` (not available) as null; and the flags after the values (`p`,
+    `e`, `c`…) moved to a column `<period>_flag` beside each period column that has any, so
+    SQL computes on the values and can still tell a provisional or confidential one. None
+    when the rows do not fit the layout (a key with another number of codes, a cell that is
+    not a number or `:` and flags), the file then read as any other."""
+    keys = df.iloc[:, 0]
+    if df.shape[1] < 2 or keys.isna().any():
+        return None
+    codes = [str(k).strip().split(",") for k in keys]
+    if any(len(code) != len(key.dimensions) for code in codes):
+        return None
+    try:
+        texts = read_as_text(list(range(1, df.shape[1])))
+    except (pd.errors.ParserError, ValueError) as exc:  # read once already: not expected
+        logger.warning("could not re-read the Eurostat columns as text: %s", exc)
+        return None
+    if texts.shape != (len(df), df.shape[1] - 1):
+        return None
+    values: list[pd.Series] = []
+    flags: list[pd.Series] = []
+    for _, text in texts.items():
+        cells = text.str.strip()
+        written = cells.dropna()
+        written = written[written != ""]
+        if not bool(written.str.fullmatch(_EUROSTAT_CELL_RE).all()):
+            return None
+        parts = cells.str.extract(f"^(?:{_EUROSTAT_CELL_RE.pattern})$")
+        values.append(parts["value"].where(parts["value"] != ":"))
+        flags.append(parts["flag"].where(parts["flag"].notna() & (parts["flag"] != "")))
+    numbers = pd.concat(values).dropna()
+    integers = numbers.empty or bool(numbers.str.fullmatch(_INTEGER_RE).all())
+    columns: list[pd.Series] = []
+    for i, dimension in enumerate(key.dimensions):
+        columns.append(pd.Series([code[i].strip() for code in codes], dtype="str", name=dimension))
+    periods = [str(name).strip() for name in df.columns[1:]]
+    flag_columns: list[str] = []
+    counts: dict[str, int] = {}
+    for period, value, flag in zip(periods, values, flags, strict=True):
+        number = _exact_integers(value) if integers else pd.to_numeric(value).to_numpy()
+        columns.append(pd.Series(number, name=period).reset_index(drop=True))
+        if flag.notna().any():
+            flag_columns.append(period + FLAG_COLUMN_SUFFIX)
+            column = pd.Series(flag.to_numpy(), dtype="str", name=flag_columns[-1])
+            columns.append(column.reset_index(drop=True))
+            for code, n in flag.value_counts().items():
+                counts[str(code)] = counts.get(str(code), 0) + int(n)
+    table = pd.concat([c.reset_index(drop=True) for c in columns], axis=1)
+    shown = periods[0] if len(periods) == 1 else f"{periods[0]} … {periods[-1]}"
+    message = (
+        f"Eurostat's TSV layout: the first column ({key.header}) was "
+        + ("split into " if len(key.dimensions) > 1 else "named ")
+        + f"{', '.join(key.dimensions)}; the {len(periods)} other column(s) ({shown}) are "
+        f"{key.across} values, read as numbers with ':' (not available) as null"
+    )
+    if flag_columns:
+        listed = ", ".join(flag_columns[:MAX_NOTES_SHOWN])
+        hidden = len(flag_columns) - MAX_NOTES_SHOWN
+        more = f", … {hidden} more" if hidden > 0 else ""
+        message += (
+            f"; the flags after the values were moved to a column <period>{FLAG_COLUMN_SUFFIX} "
+            f"beside each period that has any ({listed}{more}): {_flag_legend(counts)}"
+        )
+    message += f"; UNPIVOT the period columns for one row per {key.across}"
+    warnings.append(
+        Warning(
+            kind="eurostat",
+            message=message,
+            details={
+                "dimensions": key.dimensions,
+                "across": key.across,
+                "periods": len(periods),
+                "flag_columns": flag_columns,
+                "flags": counts,
+            },
+        )
+    )
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers with markers (NOAA's climate data)
+
+# Written instead of a number in NOAA's climate data (Local Climatological Data, and the
+# like), and what each means. (The MISSING_MARKERS `?`, `-`… mean missing here too.)
+NUMBER_MARKERS = {
+    "T": "trace: too small to measure",
+    "M": "missing",
+    "VRB": "variable wind direction",
+}
+# Written right after a number there: `27.2s` a suspect value, `0.00T` a trace.
+NUMBER_SUFFIXES = {"s": "suspect (after a number)", "T": "trace"}
+_SUFFIXED_NUMBER_RE = re.compile(f"(?P<number>{_NUMBER_RE.pattern})(?P<suffix>[sT])")
+# A column is read as numbers with markers when numbers (with or without a suffix) are at
+# least this share of its values, and every other value is a marker. (Its markers are kept
+# beside it, so even a column misread this way loses nothing.) A trace is common: a tenth or
+# more of the days in a wet climate.
+MIN_MARKED_NUMBER_SHARE = 0.5
+# A column of numbers and a few other short words (`NR`, `K`) is kept as text, and named in a
+# warning, when the numbers make up at least this share of its values and there are at most
+# MAX_UNKNOWN_MARKERS different words.
+MIN_UNMARKED_NUMBER_SHARE = 0.9
+MAX_UNKNOWN_MARKERS = 3
+_SHORT_WORD_RE = re.compile(r"[A-Za-z]{1,5}|[*#]{1,3}")
+MARKER_COLUMN_SUFFIX = "_marker"
+# The first values of a text column looked at before the whole column is (see
+# _may_be_marked_numbers): names and ids are passed over after these.
+MARKER_SAMPLE_VALUES = 200
+
+
+def _may_be_marked_numbers(text: pd.Series) -> bool:
+    """Whether every value of `text` (stripped) is a number, a number with a suffix, a marker
+    or a short word: a column with any other value is neither numbers with markers nor numbers
+    with a few words (a quick test of its first values, before the whole column is)."""
+    return bool(
+        (
+            text.str.fullmatch(_NUMBER_RE.pattern)
+            | text.str.fullmatch(_SUFFIXED_NUMBER_RE.pattern)
+            | text.isin(NUMBER_MARKERS.keys() | MISSING_MARKERS)
+            | text.str.fullmatch(_SHORT_WORD_RE.pattern)
+        ).all()
+    )
+
+
+def _markers_of(text: pd.Series) -> tuple[pd.Series, pd.Series] | None:
+    """For a column of text `text` (stripped, none missing or empty) that is numbers, at least
+    MIN_MARKED_NUMBER_SHARE of it, and NOAA's markers (see NUMBER_MARKERS and NUMBER_SUFFIXES),
+    at least one: the numbers as text (None for a marker alone) and each value's marker (None
+    for a plain number). None for any other column, or one of codes with leading zeros."""
+    plain = text.str.fullmatch(_NUMBER_RE.pattern)
+    suffixed = text.str.extract(f"^(?:{_SUFFIXED_NUMBER_RE.pattern})$")
+    has_suffix = suffixed["number"].notna()
+    alone = text.isin(NUMBER_MARKERS.keys() | MISSING_MARKERS)
+    if not bool((plain | has_suffix | alone).all()) or not bool((has_suffix | alone).any()):
+        return None
+    numbers = text.where(plain, suffixed["number"])
+    if bool(numbers.dropna().str.fullmatch(_LEADING_ZERO_RE).any()):
+        return None  # codes whose zeros matter (see _numbers_as_written)
+    if (plain | has_suffix).sum() < MIN_MARKED_NUMBER_SHARE * len(text):
+        return None
+    return numbers, text.where(alone, suffixed["suffix"]).where(~plain)
+
+
+def _unknown_markers(text: pd.Series) -> dict[str, int] | None:
+    """For a column of text `text` (stripped, none missing) that is numbers but for a few
+    short words: those words and how often each occurs; else None."""
+    plain = text.str.fullmatch(_NUMBER_RE.pattern)
+    others = text[~plain]
+    if others.empty or plain.sum() < MIN_UNMARKED_NUMBER_SHARE * len(text):
+        return None
+    if not bool(others.str.fullmatch(_SHORT_WORD_RE).all()):
+        return None
+    counts = others.value_counts()
+    if len(counts) > MAX_UNKNOWN_MARKERS:
+        return None
+    return {str(word): int(n) for word, n in counts.items()}
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{marker!r} {n}" for marker, n in counts.items())
+
+
+def _numbers_with_markers(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Text columns of numbers with NOAA's markers among them (`T` a trace of precipitation,
+    `M` missing, `VRB` a variable wind direction, `27.2s` a suspect value, `0.00T` a trace) as
+    numbers: a marker alone as null, a number with a suffix as the number; each marker kept in
+    a column `<name>_marker` beside its column, so a trace can still be told from a missing
+    value. With a warning naming the markers found and how often. A column of numbers and a
+    few other short words (`NR`, `K`) is kept as text, named in a warning, as SQL's TRY_CAST
+    reads its numbers. Other text (station ids such as `USW00094728`, names) is left alone."""
+    columns: list[pd.Series] = []
+    converted: dict[str, dict[str, int]] = {}
+    unknown: dict[str, dict[str, int]] = {}
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        columns.append(col)
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or (col.dtype == object and not all(isinstance(v, str) for v in values)):
+            continue
+        text = values.str.strip()
+        text = text[text != ""]
+        if text.empty or not _may_be_marked_numbers(text.iloc[:MARKER_SAMPLE_VALUES]):
+            continue
+        found = _markers_of(text)
+        if found is None:
+            words = _unknown_markers(text)
+            if words is not None:
+                unknown[str(col.name)] = words
+            continue
+        numbers, markers = found
+        full = numbers.reindex(col.index)
+        if bool(numbers.dropna().str.fullmatch(_INTEGER_RE).all()):
+            converted_col: Any = _exact_integers(full.astype("str"))
+        else:
+            converted_col = pd.to_numeric(full).to_numpy()
+        columns[-1] = pd.Series(converted_col, index=col.index, name=col.name)
+        name = f"{col.name}{MARKER_COLUMN_SUFFIX}"
+        columns.append(pd.Series(markers.reindex(col.index), dtype="str", name=name))
+        converted[str(col.name)] = {str(m): int(n) for m, n in markers.value_counts().items()}
+    if converted:
+        df = pd.concat(columns, axis=1)
+        listed = "; ".join(f"{name}: {_counted(counts)}" for name, counts in converted.items())
+        legend = {
+            marker: NUMBER_MARKERS.get(marker) or NUMBER_SUFFIXES.get(marker) or "missing"
+            for counts in converted.values()
+            for marker in counts
+        }
+        meanings = ", ".join(f"{marker} {meaning}" for marker, meaning in legend.items())
+        warnings.append(
+            Warning(
+                kind="number_markers",
+                message="numbers with markers among them were read as numbers in "
+                f"{listed} ({meanings}): a marker alone is null and a "
+                "marker after a number is dropped from it; each column's markers are kept in "
+                f"a column <name>{MARKER_COLUMN_SUFFIX} beside it (e.g. count a trace as 0 "
+                f"with CASE WHEN <name>{MARKER_COLUMN_SUFFIX} = 'T' THEN 0 ELSE <name> END)",
+                details={
+                    "columns": converted,
+                    "marker_columns": [f"{n}{MARKER_COLUMN_SUFFIX}" for n in converted],
+                },
+            )
+        )
+    if unknown:
+        listed = "; ".join(f"{name}: {_counted(counts)}" for name, counts in unknown.items())
+        warnings.append(
+            Warning(
+                kind="text_among_numbers",
+                message="columns of numbers with other values among them were kept as text: "
+                f"{listed}; TRY_CAST(<column> AS DOUBLE) in SQL reads the numbers (the other "
+                "values as null)",
+                details={"columns": unknown},
+            )
+        )
+    return df
+
+
+# NOAA's Global Summary of the Day (GSOD) CSV: the columns that tell it, and the value each
+# of its measurements has when missing (documented in its readme).
+GSOD_COLUMNS = frozenset(
+    {"STATION", "DATE", "TEMP", "TEMP_ATTRIBUTES", "DEWP", "SLP", "STP", "VISIB", "WDSP"}
+    | {"MXSPD", "GUST", "MAX", "MIN", "PRCP", "SNDP", "FRSHTT"}
+)
+GSOD_MISSING = {
+    "TEMP": 9999.9,
+    "DEWP": 9999.9,
+    "SLP": 9999.9,
+    "STP": 9999.9,
+    "MAX": 9999.9,
+    "MIN": 9999.9,
+    "VISIB": 999.9,
+    "WDSP": 999.9,
+    "MXSPD": 999.9,
+    "GUST": 999.9,
+    "SNDP": 999.9,
+    "PRCP": 99.99,
+}
+# Numbers commonly written for a missing value (NOAA, NASA, many instruments): a warning names
+# a column where one is repeated at its extreme, far from its other values.
+SENTINELS = (-99999.0, -9999.0, -999.0, -99.99, 99.99, 999.9, 9999.0, 9999.9, 99999.0)
+
+
+def _gsod_missing(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """In NOAA's Global Summary of the Day (its columns, GSOD_COLUMNS, tell it), the values
+    it documents as missing (9999.9 for temperatures and pressures, 999.9 for visibility,
+    winds and snow depth, 99.99 for precipitation) as null, with a warning: left as numbers,
+    a missing gust counted as one of 999.9 knots in every average and maximum."""
+    if not GSOD_COLUMNS.issubset(str(c) for c in df.columns):
+        return df
+    cleared: dict[str, int] = {}
+    for position, name in enumerate(df.columns):
+        missing = GSOD_MISSING.get(str(name))
+        col = df.iloc[:, position]
+        if missing is None or not pd.api.types.is_float_dtype(col.dtype):
+            continue
+        marked = col == missing
+        if bool(marked.any()):
+            df.isetitem(position, col.where(~marked).to_numpy())
+            cleared[str(name)] = int(marked.sum())
+    if cleared:
+        listed = ", ".join(f"{name} ({n} × {GSOD_MISSING[name]:g})" for name, n in cleared.items())
+        warnings.append(
+            Warning(
+                kind="missing_sentinels",
+                message="NOAA's Global Summary of the Day writes 9999.9, 999.9 or 99.99 for a "
+                f"missing measurement; those were read as null in: {listed}",
+                details={"columns": cleared},
+            )
+        )
+    return df
+
+
+def _sentinel_warning(df: pd.DataFrame, warnings: list[Warning]) -> None:
+    """Warn of number columns where a value commonly written for a missing one (SENTINELS:
+    -9999, 999.9…) occurs more than once at the column's extreme, at least twice as far from
+    zero as every other value (an elevation of -9999 among ones of a few hundred metres). They
+    are kept: only the file's documentation can say they mean missing."""
+    found: dict[str, dict[str, int]] = {}
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if pd.api.types.is_bool_dtype(col.dtype) or not pd.api.types.is_numeric_dtype(col.dtype):
+            continue
+        values = col.dropna()
+        if values.empty:
+            continue
+        extremes = {float(values.min()), float(values.max())}
+        for sentinel in (s for s in SENTINELS if s in extremes):
+            marked = values == sentinel
+            count = int(marked.sum())
+            if count < 2 or count == len(values):
+                continue
+            if float(values[~marked].abs().max()) * 2 <= abs(sentinel):
+                found.setdefault(str(df.columns[position]), {})[f"{sentinel:g}"] = count
+    if found:
+        listed = "; ".join(
+            f"{name}: " + ", ".join(f"{value} ×{n}" for value, n in counts.items())
+            for name, counts in found.items()
+        )
+        warnings.append(
+            Warning(
+                kind="possible_sentinels",
+                message="values often written for a missing measurement repeat far from the "
+                f"other values in {listed}; they were kept as numbers — if the source "
+                "documents them as missing, use NULLIF(<column>, <value>) in SQL",
+                details={"columns": found},
+            )
+        )
+
+
 _ISO_DATETIME_RE = (
     r"^\d{4}-\d{2}-\d{2}"
     r"(?:[ T]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:?\d{2})?)?$"
@@ -2045,7 +2505,7 @@ def _read_parquet(
     if names != table.column_names:  # (renaming drops the pandas metadata: its index)
         table = table.rename_columns(names)
     table = _maps_as_entries(table, warnings)
-    return _index_as_columns(_arrow_to_pandas(table), warnings)
+    return _index_as_columns(_arrow_to_pandas(table, warnings), warnings)
 
 
 def _index_as_columns(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
@@ -2831,7 +3291,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
                 message="the result repeats column names; renamed to " + ", ".join(names),
             )
         )
-    full = _arrow_to_pandas(table)
+    full = _arrow_to_pandas(table, warnings)
     shown = min(limit, _rows_within(table, QUERY_MAX_RESULT_BYTES))
     truncated = total > shown
     returned = full.iloc[:shown] if truncated else full
