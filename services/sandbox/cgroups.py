@@ -1,7 +1,11 @@
 """Per-worker cgroup limits, where the host lets us create cgroups: a pids limit (threads count,
 so a thread bomb stops at it) and a memory limit, on cgroup v1 (`pids` and `memory`
-hierarchies) or v2 (`pids.max`, `memory.max`). Best effort: when cgroups are not writable the
-sandbox still has its rlimits and seccomp, and says so once in the log."""
+hierarchies) or v2 (`pids.max`, `memory.max`); and one CPU group for all workers together, so
+that however many run they weigh as much as one process against the service (on v2 the
+per-service parent is that group wherever the cpu controller is enabled above it; on v1 every
+worker joins one cgroup of the `cpu` hierarchy).
+Best effort: when cgroups are not writable the sandbox still has its rlimits and seccomp, and
+says so once in the log."""
 
 from __future__ import annotations
 
@@ -46,10 +50,17 @@ class CgroupLimiter:
                 logger.info("cgroup %s limits unavailable (%s); rlimits still apply", parent, exc)
                 continue
             self._parents[controller] = parent
+        self._cpu: Path | None = None  # v1: the cpu cgroup every worker joins
+        if not self._v2 and (root / "cpu").is_dir():
+            try:
+                (root / "cpu" / name).mkdir(exist_ok=True)
+                self._cpu = root / "cpu" / name
+            except OSError as exc:
+                logger.info("cgroup cpu group unavailable (%s); workers weigh one each", exc)
 
     @property
     def available(self) -> bool:
-        return bool(self._parents)
+        return bool(self._parents) or self._cpu is not None
 
     def _dirs(self, wid: int) -> dict[str, Path]:
         return {c: p / f"w{wid}" for c, p in self._parents.items()}
@@ -65,6 +76,12 @@ class CgroupLimiter:
                 (path / "cgroup.procs").write_text(str(pid))
             except OSError as exc:
                 logger.warning("could not put worker %d in %s: %s", wid, path, exc)
+                ok = False
+        if self._cpu is not None:
+            try:
+                (self._cpu / "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                logger.warning("could not put worker %d in %s: %s", wid, self._cpu, exc)
                 ok = False
         return ok
 
@@ -110,6 +127,12 @@ class CgroupLimiter:
                         child.rmdir()
                     except OSError:
                         left += 1
+            if self._cpu is not None:
+                try:
+                    self._cpu.rmdir()
+                    self._cpu = None
+                except OSError:
+                    left += 1
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -117,6 +140,7 @@ class CgroupLimiter:
             with contextlib.suppress(OSError):
                 parent.rmdir()
         self._parents.clear()
+        self._cpu = None
 
 
 def default_name() -> str:

@@ -37,6 +37,10 @@ NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # How deep a card of a custom tool's response may nest: a google.protobuf.Struct costs two
 # message levels a JSON level, and a card nested past ~33 no service can parse back.
 MAX_CARD_DEPTH = 32
+# How many values (list items and dict entries, at every level) a response's cards may hold in
+# all: the service turns them into a Struct on its event loop, at some microseconds a value and
+# six times their JSON size (a MiB of `[[0],[0],…]` held every other call for 2.3 s).
+MAX_CARD_VALUES = 20_000
 # The most one call of a custom tool may say it cost (USD): beyond it, the figure is a bug.
 MAX_COST_USD = 1_000_000
 
@@ -255,8 +259,14 @@ def response_problem(response: dict[str, Any]) -> str | None:
     if cards is not None:
         if not isinstance(cards, list) or not all(isinstance(c, dict) for c in cards):
             return "result['cards'] must be a list of dicts"
-        if any(_depth(card) > MAX_CARD_DEPTH for card in cards):
+        depth, values = _shape(cards, MAX_CARD_VALUES)
+        if depth > MAX_CARD_DEPTH + 1:  # the list of cards is a level of its own
             return f"a card nests more than {MAX_CARD_DEPTH} levels deep"
+        if values > MAX_CARD_VALUES:
+            return (
+                f"result['cards'] hold more than {MAX_CARD_VALUES} values in all (list items "
+                "and dict entries); return data as a DataFrame `result` instead"
+            )
     cost = response.get("cost")
     if cost is not None and (
         isinstance(cost, bool)
@@ -276,16 +286,19 @@ def _said(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _depth(value: Any) -> int:
-    """How deep dicts and lists nest in a decoded JSON value (iteratively: no recursion)."""
-    deepest = 0
+def _shape(value: Any, max_values: int) -> tuple[int, int]:
+    """How deep dicts and lists nest in a decoded JSON value, and how many values (list items,
+    dict entries) they hold; iteratively (no recursion), and no further than past `max_values`
+    values."""
+    deepest = values = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
+    while stack and values <= max_values:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
         children = node.values() if isinstance(node, dict) else node
+        values += len(children)
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return deepest
+    return deepest, values
 
 
 # --- lifecycle ------------------------------------------------------------------------------

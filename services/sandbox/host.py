@@ -326,8 +326,12 @@ class WorkerPool:
         cgroups: bool = True,
         uid: int = NOBODY,
         gid: int = NOGROUP,
+        landlock: bool = True,
     ) -> None:
         self._size = max(1, size)
+        # False: workers skip landlock, as on a kernel without it (where the service still runs,
+        # with a warning): how tests check that the other layers hold there on their own.
+        self._landlock = landlock
         # Who executions run as on the host when the service is root (see bwrap_command).
         self._run_as = (uid, gid)
         # Executions beyond these wait for a slot, for a bounded time: a flood cannot fork
@@ -440,6 +444,7 @@ class WorkerPool:
             "require_landlock": False,
             "run_as": self._drop_to(),
             "tmp_bytes": self.tmp_size,
+            "landlock": self._landlock,
         }
         cmd = bwrap_command(self._bwrap, config)
         self._proc = subprocess.Popen(
@@ -494,8 +499,10 @@ class WorkerPool:
             wid = int(msg["id"])
             future = self._pending.pop(wid, None)
             worker = self._workers.get(wid)
-            if future is None or worker is None or len(fds) != 1:
-                for fd in fds:
+            if future is None or future.done() or worker is None or len(fds) != 1:
+                for fd in fds:  # a worker nobody waits for any more (see _spawn): stopped
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
                     os.close(fd)
                 return
             worker.pid = int(msg["pid"])
@@ -615,14 +622,19 @@ class WorkerPool:
             os.close(rep_w)
         try:
             return await asyncio.wait_for(future, self._start_timeout_s)
-        except TimeoutError:
+        except BaseException as exc:
+            # Timed out, or the call that wanted it was cancelled (its caller gone, a deadline):
+            # the worker may start all the same, or have started as the cancellation came.
+            # Nobody will send it a request: it must not wait for one for ever.
             self._pending.pop(wid, None)
-            self._workers.pop(wid, None)
-            worker.close()
-            raise Unavailable(
-                f"no sandbox worker started within {self._start_timeout_s:.0f}s",
-                reason="SANDBOX_UNAVAILABLE",
-            ) from None
+            worker.kill()  # when it started (its pidfd came), whether or not it was handed out
+            worker.close()  # its request pipe closed: a worker that starts now reads EOF, exits
+            if isinstance(exc, TimeoutError):
+                raise Unavailable(
+                    f"no sandbox worker started within {self._start_timeout_s:.0f}s",
+                    reason="SANDBOX_UNAVAILABLE",
+                ) from None
+            raise
 
     async def _spawn_into_pool(self) -> None:
         try:
@@ -726,10 +738,19 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limits.wall_seconds
         reader = asyncio.StreamReader(limit=2**16, loop=loop)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(worker.from_worker, "rb", 0)
-        )
-        worker.from_worker = -1  # owned by the transport now
+        # The pipe owns the descriptor from here, before any await: a call cancelled while the
+        # transport connects has the transport close it (later, from the loop), and a worker
+        # that still held it closed it first — the transport then closed whatever descriptor
+        # had been given that number since (another execution's pipe).
+        pipe = os.fdopen(worker.from_worker, "rb", 0)
+        worker.from_worker = -1
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), pipe
+            )
+        except BaseException:
+            pipe.close()  # once: closing a closed pipe object again is a no-op
+            raise
         calls = 0
         try:
             request = {
@@ -803,9 +824,10 @@ class WorkerPool:
                         tool_calls=calls,
                     )
                 if mtype == "error":
+                    said = msg.get("kind")  # what the tool's own code may have written
                     return RunOutcome(
                         ok=False,
-                        error_kind=str(msg.get("kind", "execution_error"))[:64],
+                        error_kind=said if said in wire.ERROR_KINDS else "execution_error",
                         message=str(msg.get("message", ""))[:4000],
                         tool_calls=calls,
                     )

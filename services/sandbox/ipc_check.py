@@ -5,9 +5,11 @@ A table's bytes say little about its decoded size: a column of type null holds n
 (a 600-byte stream of 10^8 nulls became an 800 MB object column in the host), and a compressed
 buffer states its own decompressed length. Honest workers write uncompressed streams, so a
 compressed one is refused, and a table is refused when its cells (every array's length, nested
-children and dictionaries included) exceed a budget; one that passes is then validated in full
-(offsets and indices within their buffers) before anything converts it. Each message header is
-a flatbuffer (format/Message.fbs); only the few fields needed here are read."""
+children and dictionaries included) exceed a budget, or its columns a fixed cap (a column of
+no rows holds no cells, yet every service handling the result pays for it); one that passes is
+then validated in full (offsets and indices within their buffers) before anything converts it.
+Each message header is a flatbuffer (format/Message.fbs); only the few fields needed here are
+read."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import pyarrow as pa
 
 _SCHEMA, _DICTIONARY_BATCH, _RECORD_BATCH = 1, 2, 3  # MessageHeader union tags
 _FIELD_NODE = struct.Struct("<qq")  # FieldNode: length, null_count
+# The most columns a table may have: each costs every service that handles the result (its
+# schema is measured and encoded column by column), whatever its cells.
+MAX_TABLE_COLUMNS = 1000
 
 
 class _Compressed(Exception):
@@ -133,7 +138,13 @@ def table_problem(data: bytes, max_cells: int) -> tuple[str, str] | None:
         # Affordable now, and uncompressed: zero-copy. Arrow's reader checks the messages, not
         # the arrays, and converting an array whose offsets point outside its buffers crashed
         # the host (a segfault in to_pandas): every offset and index is checked first.
-        table = pa.ipc.open_stream(data).read_all()
+        stream = pa.ipc.open_stream(data)
+        if len(stream.schema) > MAX_TABLE_COLUMNS:  # columns of no rows hold no cells at all
+            return "output_limit", (
+                f"its table has {len(stream.schema)} columns, more than the {MAX_TABLE_COLUMNS} "
+                "a result may have"
+            )
+        table = stream.read_all()
         for field in table.schema:
             foreign = _foreign_type(field.type)
             if foreign is not None:

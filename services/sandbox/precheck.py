@@ -7,6 +7,8 @@ code, and they are tested with this check bypassed."""
 from __future__ import annotations
 
 import ast
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.sandbox.worker import SAFE_BUILTIN_NAMES
@@ -30,6 +32,13 @@ FRAME_ATTRIBUTES = frozenset(
     }
 )  # fmt: skip
 NAMESPACE = ("df", "pd", "np", "inputs", "result", "call_tool")
+# The most code a custom tool may have. The check parses it on the service's event loop, at
+# registration and before every execution (about 2 s per MiB of plain statements, every other
+# call waiting): far more than a tool's code needs, far less than a stall.
+MAX_CODE_BYTES = 256 * 1024
+# Verdicts kept, by the code's digest: a tool's executions after its first are not parsed again.
+_VERDICTS_KEPT = 256
+_verdicts: OrderedDict[bytes, Problem | None] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,26 @@ class Problem:
 
 def check(code: str) -> Problem | None:
     """None when the code may run; otherwise the first problem, with its position."""
+    data = code.encode("utf-8", "surrogatepass")
+    if len(data) > MAX_CODE_BYTES:
+        return Problem(
+            f"the code is {len(data)} bytes, over the {MAX_CODE_BYTES}-byte limit of a custom "
+            "tool (keep data out of the code: pass it in the inputs or as df)",
+            1,
+            0,
+        )
+    key = hashlib.blake2b(data, digest_size=16).digest()
+    if key in _verdicts:
+        _verdicts.move_to_end(key)
+        return _verdicts[key]
+    verdict = _check(code)
+    _verdicts[key] = verdict
+    if len(_verdicts) > _VERDICTS_KEPT:
+        _verdicts.popitem(last=False)
+    return verdict
+
+
+def _check(code: str) -> Problem | None:
     if not code.strip():
         return Problem("the tool has no code", 1, 0, syntax=True)
     try:

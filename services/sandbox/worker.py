@@ -42,6 +42,11 @@ CONTROL_FD = 3
 SANDBOX_DIR = "/sbx"
 WORKDIR_ROOT = "/tmp"
 MAX_PRINT_CHARS = 64 * 1024
+# The kinds of the error frames a worker sends; the host passes on no other (a kind becomes an
+# Err's err_kind, and that the `error.type` attribute of the registry's tool-call metrics).
+ERROR_KINDS = frozenset(
+    {"execution_error", "memory_limit", "disk_limit", "no_result", "output_limit"}
+)
 
 # The curated builtins of the custom-tool namespace (the spec's SAFE_BUILTINS, plus what benign
 # code needs: class statements, exceptions, a few pure helpers). A courtesy, not security.
@@ -169,13 +174,31 @@ def _recv_control(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 
 def zygote_main(config: dict[str, Any]) -> None:
+    import ctypes
+
+    # Not dumpable: its /proc entries (memory, descriptors) are then out of reach of workers of
+    # its own uid even where landlock is not there to keep them out (a service run unprivileged
+    # never changes the zygote's credentials, which is what clears the flag for a root one).
+    pr_set_dumpable = 4
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0)
     mods = _preload()
     sock = socket.socket(fileno=int(config.get("control_fd", CONTROL_FD)))
     rfd, wfd = os.pipe()
     os.set_blocking(wfd, False)
     signal.set_wakeup_fd(wfd)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: dict[int, tuple[int, str]] = {}
+    children: dict[int, tuple[int, str]] = {}  # worker pid -> (its id, its directory)
+    # Cleaner pid -> the exit of the worker whose directory it removes (reported when done).
+    cleaners: dict[int, tuple[int, int, int]] = {}
+
+    def detach() -> None:
+        """In a forked child: let go of the zygote's signal pipe and control socket."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(rfd)
+        os.close(wfd)
+        sock.close()
+
     _send_control(sock, {"event": "ready", "pid": os.getpid()})
     import select
 
@@ -184,7 +207,7 @@ def zygote_main(config: dict[str, Any]) -> None:
         if rfd in readable:
             os.read(rfd, 4096)
             try:
-                _reap(sock, children)
+                _reap(sock, children, cleaners, detach)
             except OSError:  # the host is gone: so are we
                 break
         if sock.fileno() in readable:
@@ -197,7 +220,9 @@ def zygote_main(config: dict[str, Any]) -> None:
                     os.close(fd)
                 continue
             wid = int(msg["id"])
-            workdir = os.path.join(WORKDIR_ROOT, f"w{wid}")
+            # Not guessable: landlock keeps a worker from opening or listing another's files,
+            # not from stat()ing them by name (their sizes and times, as they are written).
+            workdir = os.path.join(WORKDIR_ROOT, f"w{wid}-{os.urandom(12).hex()}")
             try:
                 pid = _fork_worker(workdir)
             except OSError as exc:  # no room for its directory, or no process left: say so
@@ -209,11 +234,7 @@ def zygote_main(config: dict[str, Any]) -> None:
                     break
                 continue
             if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(rfd)
-                os.close(wfd)
-                sock.close()
+                detach()
                 code = 0
                 try:
                     worker_main(fds[0], fds[1], workdir, config, mods)
@@ -230,7 +251,7 @@ def zygote_main(config: dict[str, Any]) -> None:
                 break
             finally:
                 os.close(pidfd)
-    for pid in list(children):
+    for pid in [*children, *cleaners]:
         os.kill(pid, signal.SIGKILL)
 
 
@@ -323,20 +344,63 @@ def remove_tree(path: str) -> bool:
     return True
 
 
-def _reap(sock: socket.socket, children: dict[int, tuple[int, str]]) -> None:
-    while children:
+def _reap(
+    sock: socket.socket,
+    children: dict[int, tuple[int, str]],
+    cleaners: dict[int, tuple[int, int, int]],
+    detach: Callable[[], None],
+) -> None:
+    """Report every child that exited. A worker's exit is reported once its directory is gone:
+    at once when it left it empty (as a worker that answered does); otherwise a cleaner child
+    removes it first. Removing what a killed worker made takes about as long as making it did
+    (seconds of hard links, say), and the zygote starts every tenant's workers: it must not."""
+    while children or cleaners:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        wid, workdir = children.pop(pid, (-1, ""))
-        if workdir:
-            remove_tree(workdir)
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        if pid in cleaners:
+            wid, code, sig = cleaners.pop(pid)
+        else:
+            wid, workdir = children.pop(pid, (-1, ""))
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+            if workdir and not _remove_if_empty(workdir):
+                cleaner = _fork_cleaner(workdir, detach)
+                if cleaner is not None:
+                    cleaners[cleaner] = (wid, code, sig)
+                    continue
+                remove_tree(workdir)  # no process to spare: here, as the last resort
         _send_control(sock, {"event": "exited", "id": wid, "code": code, "signal": sig})
+
+
+def _remove_if_empty(path: str) -> bool:
+    """Remove `path` when it is an empty directory (or gone); False when anything is in it."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _fork_cleaner(path: str, detach: Callable[[], None]) -> int | None:
+    """A child of the zygote that removes the tree at `path` and exits; None when no process
+    could be forked."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            detach()
+            remove_tree(path)
+        finally:
+            os._exit(0)
+    return pid
 
 
 # --- worker ---------------------------------------------------------------------------------
@@ -354,7 +418,8 @@ def _confine(workdir: str, config: dict[str, Any], mods: dict[str, Any]) -> None
     os.chdir(workdir)
     read_paths = [*config.get("read_paths", []), SANDBOX_DIR, f"/proc/{os.getpid()}"]
     try:
-        _landlock(libc, read_paths, ["/dev/null", "/dev/urandom", "/dev/zero"], workdir)
+        if config.get("landlock", True):
+            _landlock(libc, read_paths, ["/dev/null", "/dev/urandom", "/dev/zero"], workdir)
     except OSError:
         if config.get("require_landlock"):
             raise
@@ -363,6 +428,10 @@ def _confine(workdir: str, config: dict[str, Any], mods: dict[str, Any]) -> None
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_NOFILE, nofile),
         (resource.RLIMIT_FSIZE, int(config.get("max_file_bytes", 16 << 20))),
+        # No real-time policy and no nice value below the one it starts with, whatever the
+        # service was given: a SCHED_FIFO spin would take a core from everything else on it.
+        (resource.RLIMIT_RTPRIO, 0),
+        (resource.RLIMIT_NICE, 0),
     ):
         resource.setrlimit(limit, (value, value))
     _install_seccomp(mods["seccomp"])
@@ -434,6 +503,12 @@ def _install_seccomp(sc: Any) -> None:
         "move_mount", "open_tree", "mount_setattr", "setuid", "setgid", "setreuid",
         "setregid", "setresuid", "setresgid", "setgroups", "personality", "quotactl",
         "lookup_dcookie", "vhangup", "seccomp", "ioprio_set",
+        # A new session is a new scheduling group (see worker_main); a process group is how
+        # one would get back into another session's.
+        "setsid", "setpgid",
+        # Landlock does not cover watching a path: a watch on /tmp or another worker's
+        # directory read another tenant's file names as they were made.
+        "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
         # System V and POSIX IPC objects live in the IPC namespace every worker shares with the
         # zygote and outlive the worker that made them: a channel to the next tenant's
         # execution, and memory no worker's limit accounts for once its maker is gone.
@@ -457,6 +532,17 @@ def _install_seccomp(sc: Any) -> None:
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         flt.add_rule(eperm, name, sc.Arg(0, sc.NE, me))
+    # Nor through a file's owner, which the kernel signals (with a signal of the owner's
+    # choosing, F_SETSIG: SIGKILL) whenever the file turns ready under O_ASYNC, checking nothing
+    # but the uid the zygote shares: only landlock's signal scoping (ABI 6) stopped a worker
+    # that owned its request pipe to the zygote from killing it with the next reply. A file
+    # keeps its default owner, none (leases and dnotify make the caller itself the owner).
+    f_setown, f_setown_ex = 8, 15
+    for command in (f_setown, f_setown_ex):
+        flt.add_rule(eperm, "fcntl", sc.Arg(1, sc.EQ, command))
+    fiosetown, siocspgrp, tiocspgrp = 0x8901, 0x8902, 0x5410  # the same, as ioctls
+    for request in (fiosetown, siocspgrp, tiocspgrp):
+        flt.add_rule(eperm, "ioctl", sc.Arg(1, sc.EQ, request))
     # The zygote and every other worker run as the same uid, which is all these calls check:
     # on another process they would lower the zygote's rlimits (no fd can reach it: the
     # sandbox stops serving everyone), or another tenant's CPU limit, nice value or scheduling
@@ -512,7 +598,10 @@ def worker_main(
 ) -> None:
     import resource
 
-    os.setsid()
+    # A process group of its own, in the zygote's session: a session of its own would be a
+    # scheduling group of its own too (sched_autogroup), each weighing as much as the whole
+    # service, whose CPU share sixteen spinning workers then cut to a seventeenth.
+    os.setpgid(0, 0)
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
