@@ -23,7 +23,7 @@ import logging
 import reprlib
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -33,6 +33,7 @@ import referencing.exceptions
 from jsonschema.exceptions import ValidationError
 from opentelemetry.trace import Span, Status, StatusCode
 
+from services.registry import schema_check
 from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
 from services.registry.context import ToolContext, cancellable, reset_cancellation
 from services.registry.fast_accept import Acceptor, fast_acceptor
@@ -233,6 +234,7 @@ class Registry:
         handler_threads: int = DEFAULT_HANDLER_THREADS,
     ) -> None:
         schema_regex.install()  # input patterns run on RE2, never on backtracking `re`
+        schema_check.install()  # multipleOf and uniqueItems checked as the first pass does
         self._trace_payloads = trace_payloads
         self._repo = repo
         self._context_defaults = context_defaults
@@ -241,8 +243,9 @@ class Registry:
         self._cache: dict[str, tuple[float, ToolDef | None]] = {}
         # Per (tool, version): jsonschema's validator, and the compiled first pass that
         # accepts valid input without it (services.registry.fast_accept), when there is one.
+        # A schema that cannot validate anything is cached as the Hint every call gets.
         self._validators_cache: dict[
-            tuple[str, int], tuple[jsonschema.protocols.Validator, Acceptor | None]
+            tuple[str, int], tuple[jsonschema.protocols.Validator, Acceptor | None] | Hint
         ] = {}
         self._cache_ttl_s = cache_ttl_s
         self._max_depth = max_depth
@@ -516,21 +519,20 @@ class Registry:
 
     def _validators(self, tool: ToolDef) -> tuple[Any, Acceptor | None] | Hint:
         """The tool's validator and compiled acceptor (made once per tool version), or a
-        `schema` Hint when its input schema is itself invalid."""
+        `schema` Hint when its input schema cannot validate anything (schema_check)."""
         key = (tool.name, tool.version)
         cached = self._validators_cache.get(key)
         if cached is None:
-            cls = jsonschema.validators.validator_for(
-                tool.input_schema, jsonschema.Draft202012Validator
-            )
-            try:
-                cls.check_schema(tool.input_schema)
-            except jsonschema.SchemaError as exc:
-                logger.error("tool %s has an invalid input_schema: %s", tool.name, exc.message)
-                return Hint(
-                    "schema", f"tool {tool.name!r} has an invalid input schema: {exc.message}"
+            dialect = schema_check.dialect(tool.input_schema)
+            defect = schema_check.schema_defect(tool.input_schema, dialect)
+            if defect is not None:
+                logger.error("tool %s has an unusable input_schema: %s", tool.name, defect)
+                cached = Hint("schema", f"tool {tool.name!r} has an invalid input schema: {defect}")
+            else:
+                cached = (
+                    dialect(tool.input_schema),
+                    fast_acceptor(tool.input_schema, dialect=schema_check.dialect_uri(dialect)),
                 )
-            cached = (cls(tool.input_schema), fast_acceptor(tool.input_schema))
             self._validators_cache[key] = cached
         return cached
 
@@ -573,6 +575,13 @@ class Registry:
                 "schema",
                 f"tool {tool.name!r} has an invalid input schema: its reference "
                 f"{convert.clip(str(exc.ref), 100)!r} cannot be resolved",
+            )
+        except RecursionError:  # a loop schema_check did not see (through a $dynamicRef...)
+            logger.error("tool %s: validating its input recursed without end", tool.name)
+            return Hint(
+                "schema",
+                f"tool {tool.name!r} has an invalid input schema: validating against it "
+                "recursed without end (its references loop)",
             )
         if not found:
             return None
@@ -651,37 +660,53 @@ def describe_violation(
     # a hundred thousand of them make a hint of a few lines, not of megabytes.
     where = convert.clip("/".join(str(p) for p in error.absolute_path), MAX_MATCHED_CHARS)
     field = f"'{where}'" if where else "input"
-    missing = error.message.split("'")[1] if "'" in error.message else error.message
     schema = error.schema if isinstance(error.schema, Mapping) else {}
     instance: Any = error.instance
+    prefix = f"{where}/" if where else ""
     if error.validator == "required":
-        prefix = f"{where}/" if where else ""
+        missing = _named(error, error.validator_value, "{!r} is a required property")
         return f"missing required field '{prefix}{missing}'", []
+    if error.validator in ("dependentRequired", "dependencies") and isinstance(instance, Mapping):
+        for present, needed in cast(Mapping[str, Any], error.validator_value).items():
+            if present in instance and isinstance(needed, list):
+                for name in needed:
+                    if error.message == f"{name!r} is a dependency of {present!r}":
+                        return (
+                            f"missing required field '{prefix}{convert.clip(str(name), 100)}' "
+                            f"(required when '{convert.clip(str(present), 100)}' is given)",
+                            [],
+                        )
     if error.validator == "additionalProperties" and isinstance(instance, Mapping):
-        known = list((schema.get("properties") or {}).keys()) or list(props)
-        extras = [p for p in instance if p not in known]
-        props = known
-        alternatives = []
-        shown = [convert.clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
-        for extra in shown:
-            for match in difflib.get_close_matches(extra, props, n=2, cutoff=0.5):
-                score = difflib.SequenceMatcher(None, extra, match).ratio()
-                alternatives.append(Alternative(match, round(score, 2), {"instead_of": extra}))
-        allowed = ", ".join(props) or "none"
-        more = f" and {len(extras) - len(shown)} more" if len(extras) > len(shown) else ""
-        listed = ", ".join(map(repr, shown))
-        return f"unknown field(s) {listed}{more} (allowed: {allowed})", alternatives
+        unknown = _unknown_fields(error, schema, instance, where, props)
+        if unknown is not None:
+            return unknown
     if error.validator == "type":
         return (
-            f"field {field}: expected {error.validator_value}, got "
+            f"field {field}: expected {_type_names(error.validator_value)}, got "
             f"{_json_type(error.instance)} {_short(error.instance)}",
             [],
         )
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        return _describe_alternatives(error, field, props)
+    bound = _BOUNDS.get(str(error.validator))
+    if bound is not None and isinstance(instance, Sized) and isinstance(error.validator_value, int):
+        limit, noun = bound
+        count = error.validator_value
+        return (
+            f"field {field}: expected {limit} {count} {noun}{'' if count == 1 else 's'}, "
+            f"got {len(instance)}",
+            [],
+        )
+    if error.validator == "contains":
+        wanted = convert.clip(json.dumps(error.validator_value, default=str), MAX_MESSAGE_CHARS)
+        return f"field {field}: expected at least one item matching {wanted}", []
+    if error.validator is None and schema == {} and error.validator_value is None:
+        return f"field {field} is not allowed here (got {_short(error.instance)})", []
     if error.validator == "enum":
         # Clipped on both sides: SequenceMatcher is quadratic, and the value comes from the
         # caller (a megabyte string took seconds), the options from any MCP server.
         values = cast(list[Any], error.validator_value)
-        options = [str(v) for v in values[:MAX_SCORED_OPTIONS]]
+        options = [_option_text(v) for v in values[:MAX_SCORED_OPTIONS]]
         given = convert.clip(_short(error.instance, MAX_MATCHED_CHARS), MAX_MATCHED_CHARS)
         alternatives = [
             Alternative(o, round(_similarity(given, convert.clip(o, MAX_MATCHED_CHARS)), 2))
@@ -693,6 +718,153 @@ def describe_violation(
             listed += f" (and {len(values) - MAX_LISTED_OPTIONS} more)"
         return f"field {field}: {_short(error.instance)} is not one of {listed}", alternatives[:3]
     return f"field {field}: {convert.clip(error.message, MAX_MESSAGE_CHARS)}", []
+
+
+# Size keywords: the bound and what is counted.
+_BOUNDS = {
+    "minItems": ("at least", "item"),
+    "maxItems": ("at most", "item"),
+    "minLength": ("at least", "character"),
+    "maxLength": ("at most", "character"),
+    "minProperties": ("at least", "field"),
+    "maxProperties": ("at most", "field"),
+}
+
+
+def _named(error: ValidationError, names: Any, template: str) -> str:
+    """Which of `names` the error's message is about (jsonschema words one error per name;
+    a name may hold a quote, so the message is matched, not split)."""
+    if isinstance(names, list):
+        for name in names:
+            if error.message == template.format(name):
+                return convert.clip(str(name), MAX_MATCHED_CHARS)
+    text = error.message.split("'")[1] if "'" in error.message else error.message
+    return convert.clip(text, MAX_MATCHED_CHARS)
+
+
+def _unknown_fields(
+    error: ValidationError,
+    schema: Mapping[str, Any],
+    instance: Mapping[str, Any],
+    where: str,
+    props: Sequence[str],
+) -> tuple[str, list[Alternative]] | None:
+    """`additionalProperties: false` broken: the fields neither declared nor matching a
+    `patternProperties` name, in the object where they are (None when there are none)."""
+    declared = [p for p in (schema.get("properties") or {}) if isinstance(p, str)]
+    patterns = [p for p in (schema.get("patternProperties") or {}) if isinstance(p, str)]
+    extras = [
+        key
+        for key in itertools.islice(instance, 10 * MAX_COLLECTED_ERRORS)
+        if key not in declared and not any(schema_regex.SEARCH.search(p, key) for p in patterns)
+    ]
+    if not extras:
+        return None
+    # At the root, a subschema's (allOf's) error is told against the tool's own fields.
+    known = declared or ([] if where or patterns else list(props))
+    alternatives = []
+    shown = [convert.clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
+    for extra in shown:
+        for match in difflib.get_close_matches(extra, known, n=2, cutoff=0.5):
+            score = difflib.SequenceMatcher(None, extra, match).ratio()
+            alternatives.append(Alternative(match, round(score, 2), {"instead_of": extra}))
+    allowed = ", ".join(known)
+    if patterns:
+        matching = "names matching " + ", ".join(repr(convert.clip(p, 60)) for p in patterns[:3])
+        allowed = f"{allowed}, {matching}" if allowed else matching
+    more = f" and {len(extras) - len(shown)} more" if len(extras) > len(shown) else ""
+    listed = ", ".join(map(repr, shown))
+    inside = f" in '{where}'" if where else ""
+    return f"unknown field(s) {listed}{more}{inside} (allowed: {allowed or 'none'})", alternatives
+
+
+def _describe_alternatives(
+    error: ValidationError, field: str, props: Sequence[str]
+) -> tuple[str, list[Alternative]]:
+    """anyOf / oneOf matched by no alternative. When each failed on its type: the types they
+    expect (a nullable field: "expected string or null"). Otherwise the alternatives of the
+    value's own type are the candidates: one that tells its forms apart by a constant field
+    (a discriminator: "kind" is "date" or "tag") is told as that field's options; else the
+    candidate with the fewest violations, and no wrong constant, is described."""
+    branches: dict[Any, list[ValidationError]] = {}
+    for sub in error.context or []:
+        branch = sub.relative_schema_path[0] if sub.relative_schema_path else None
+        branches.setdefault(branch, []).append(sub)
+    count = len(cast(list[Any], error.validator_value))
+    candidates = {
+        b: subs
+        for b, subs in branches.items()
+        if not any(s.validator == "type" and not s.relative_path for s in subs)
+    }
+    if not candidates:
+        expected: list[str] = []
+        for subs in branches.values():
+            typed = next(s for s in subs if s.validator == "type" and not s.relative_path)
+            value: Any = typed.validator_value
+            expected.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+        return (
+            f"field {field}: expected {_type_names(list(dict.fromkeys(expected)))}, got "
+            f"{_json_type(error.instance)} {_short(error.instance)}",
+            [],
+        )
+    discriminator = _discriminator(candidates, error.instance)
+    if discriminator is not None:
+        key, options = discriminator
+        where = convert.clip("/".join(map(str, [*error.absolute_path, key])), MAX_MATCHED_CHARS)
+        given = error.instance.get(key) if isinstance(error.instance, Mapping) else None
+        listed = convert.clip(", ".join(map(repr, options)), MAX_MESSAGE_CHARS)
+        return (
+            f"field '{where}': expected one of {listed}, got {_short(given)}",
+            [Alternative(o, 0.0) for o in options[:MAX_LISTED_OPTIONS]],
+        )
+    ranked = sorted(candidates.values(), key=lambda subs: (_wrong_constants(subs), len(subs)))
+    # The most relevant violation of that alternative, as jsonschema ranks them; a nested
+    # anyOf / oneOf among them is described by this function again, not descended blindly.
+    best = max(ranked[0], key=jsonschema.exceptions.relevance)
+    closest, alternatives = describe_violation(best, props)
+    if len(candidates) == 1:  # the one alternative of the value's type: its violation
+        return closest, alternatives
+    return f"field {field} matches none of its {count} allowed forms; closest: {closest}", (
+        alternatives
+    )
+
+
+def _wrong_constants(errors: list[ValidationError]) -> int:
+    return sum(1 for e in errors if e.validator in ("const", "enum") and len(e.relative_path) <= 1)
+
+
+def _discriminator(
+    candidates: Mapping[Any, list[ValidationError]], instance: Any
+) -> tuple[str, list[str]] | None:
+    """The field every candidate alternative pins to its own constant (and the value has
+    wrong), with the constants; None when there is none."""
+    if len(candidates) < 2 or not isinstance(instance, Mapping):
+        return None
+    keys: set[str] | None = None
+    options: dict[str, list[str]] = {}
+    for subs in candidates.values():
+        pinned: dict[str, list[Any]] = {}
+        for sub in subs:
+            if sub.validator in ("const", "enum") and len(sub.relative_path) == 1:
+                key = str(sub.relative_path[0])
+                value: Any = sub.validator_value
+                pinned[key] = list(value) if sub.validator == "enum" else [value]
+        keys = set(pinned) if keys is None else keys & set(pinned)
+        for key, values in pinned.items():
+            options.setdefault(key, []).extend(_option_text(v) for v in values)
+    if not keys:
+        return None
+    key = sorted(keys)[0]
+    return key, list(dict.fromkeys(options[key]))
+
+
+def _option_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _type_names(value: Any) -> str:
+    names = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return " or ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def is_large(value: Any, max_nodes: int = LARGE_INPUT_NODES) -> bool:

@@ -14,6 +14,12 @@ libraries cannot disagree on it:
 - schemas with regular expressions (`pattern`, `patternProperties`) are left to `jsonschema`,
   which runs them on RE2 (shared.schema_regex): the Rust engine's `\\d` and `\\w` are Unicode,
   RE2's ASCII, so the same pattern accepts different text;
+- both read the schema in the same dialect: the one jsonschema reads it in
+  (schema_check.dialect: `$schema` spelled with https, or left out of a draft-04 schema) is
+  given to the compiled validator, which would otherwise read https draft-07 as draft-07 where
+  jsonschema read it as 2020-12;
+- `multipleOf` (on the decimal numbers as written) and `uniqueItems` are checked alike in both
+  (schema_check.install);
 - formats are annotations in both (no format assertion), references are never fetched
   (`offline`), and a schema the compiled validator refuses (an unknown meta-schema, a reference
   it cannot resolve) has no first pass;
@@ -60,13 +66,18 @@ def uses_regex(schema: Any, max_nodes: int = MAX_SCHEMA_NODES) -> bool | None:
     return False
 
 
-def fast_acceptor(schema: Mapping[str, Any]) -> Acceptor | None:
+def fast_acceptor(schema: Mapping[str, Any], dialect: str | None = None) -> Acceptor | None:
     """A compiled check that says True only for input `jsonschema` also accepts, or None when
-    `schema` gets no first pass (see the module's docstring)."""
+    `schema` gets no first pass (see the module's docstring). `dialect` is the `$schema` URI
+    jsonschema reads the schema in (schema_check.dialect): the compiled validator is told the
+    same, whatever `$schema` the schema spells (https for http, say) or leaves out."""
     if uses_regex(schema) is not False:
         return None
+    compiled = dict(schema)
+    if dialect is not None:
+        compiled["$schema"] = dialect
     try:
-        validator = jsonschema_rs.validator_for(dict(schema), validate_formats=False, offline=True)
+        validator = jsonschema_rs.validator_for(compiled, validate_formats=False, offline=True)
     except BaseException as exc:  # any refusal, even a panic, means: jsonschema alone
         if not _recoverable(exc):
             raise
