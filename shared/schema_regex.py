@@ -30,11 +30,48 @@ _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a refused pattern is reported by its caller, not printed by RE2
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def ecma_to_re2(pattern: str) -> str:
+    """`pattern` with the escapes JSON Schema's ECMA-262 dialect has and RE2 spells otherwise:
+    `\\uXXXX` and `\\u{X...}` as `\\x{...}` (`^[\\u4e00-\\u9fa5]+$`, common for CJK ranges,
+    was refused as if it used lookaround). An escaped backslash stays one; everything else is
+    left to RE2."""
+    if "\\u" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        char = pattern[i]
+        if char != "\\" or i + 1 >= n:
+            out.append(char)
+            i += 1
+            continue
+        if pattern[i + 1] == "u":
+            digits = pattern[i + 2 : i + 6]
+            if len(digits) == 4 and set(digits) <= _HEX:
+                out.append(f"\\x{{{digits}}}")
+                i += 6
+                continue
+            if pattern.startswith("{", i + 2):
+                end = pattern.find("}", i + 3)
+                digits = pattern[i + 3 : end] if end > 0 else ""
+                if 0 < len(digits) <= 6 and set(digits) <= _HEX:
+                    out.append(f"\\x{{{digits}}}")
+                    i = end + 1
+                    continue
+        out.append(pattern[i : i + 2])  # any other escape, an escaped backslash included
+        i += 2
+    return "".join(out)
+
+
 def compile_re2(pattern: str) -> Any:
-    """The RE2 program of `pattern` (it matches in time linear in the text). ValueError saying
-    why when RE2 cannot take it (backreferences, lookaround, a syntax error)."""
+    """The RE2 program of `pattern` (it matches in time linear in the text), ECMA-262's
+    `\\u` escapes translated (ecma_to_re2). ValueError saying why when RE2 cannot take it
+    (backreferences, lookaround, a syntax error)."""
     try:
-        return re2.compile(pattern, _OPTIONS)
+        return re2.compile(ecma_to_re2(pattern), _OPTIONS)
     except re2.error as exc:
         text = exc.args[0] if exc.args else exc
         raise ValueError(

@@ -33,13 +33,12 @@ import referencing.exceptions
 from jsonschema.exceptions import ValidationError
 from opentelemetry.trace import Span, Status, StatusCode
 
-from services.registry import schema_check
 from services.registry.catalog import RETIRED_TOOLS, TOOL_ORDER_INDEX, build_system_tools
 from services.registry.context import ToolContext, cancellable, reset_cancellation
 from services.registry.fast_accept import Acceptor, fast_acceptor
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
-from shared import convert, schema_regex
+from shared import convert, schema_check, schema_regex
 from shared.contract import (
     Alternative,
     ContractCounters,

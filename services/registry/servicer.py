@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.registry.context import ToolContext
 from services.registry.core import Registry
 from services.registry.model import NAME_PATTERN, ToolDef
-from services.registry.schema_check import schema_problem
 from shared import convert, schema_regex
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
 from shared.errors import FailedPrecondition, InvalidArgument
+from shared.schema_check import schema_problem
 from shared.server import require_admin_caller
 from shared.telemetry.stats import usage_stats
 from toolmesh.registry.v1 import registry_pb2 as rpb

@@ -70,3 +70,32 @@ def test_a_pattern_re2_cannot_run_is_not_enforced_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="shared.schema_regex"):
         assert errors({"pattern": "(?<=q)z(?!w)"}, "anything") == []
     assert "not an RE2 expression" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "refuses"),
+    [
+        # ECMA-262's \uXXXX, as CJK name fields write it.
+        ("^[\\u4e00-\\u9fa5]+$", "张伟", "Zhang"),
+        ("^\\u0041+$", "AAA", "BBB"),
+        # The code-point form.
+        ("^\\u{1F600}$", "\U0001f600", "x"),
+        # An escaped backslash followed by a u stays a backslash and a u.
+        ("^\\\\u0041$", "\\u0041", "A"),
+    ],
+)
+def test_ecma_unicode_escapes_run_on_re2(pattern: str, matches: str, refuses: str) -> None:
+    compiled = schema_regex.compile_re2(pattern)
+    assert compiled.search(matches) and not compiled.search(refuses)
+    assert schema_regex.unsupported_patterns({"pattern": pattern}) == []
+
+
+def test_a_cjk_range_pattern_is_enforced_in_validation() -> None:
+    schema_regex.install()
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "pattern": "^[\\u4e00-\\u9fa5]+$"}},
+    }
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"name": "李娜"})
+    assert not validator.is_valid({"name": "Li Na"})

@@ -25,14 +25,13 @@ import jsonschema
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.registry import schema_check
 from services.registry.context import ToolContext
 from services.registry.core import Registry
 from services.registry.fast_accept import fast_acceptor
 from services.registry.model import ToolDef
 from services.registry.repository import SqlToolRepository
 from services.registry.servicer import tool_from_pb
-from shared import convert, schema_regex
+from shared import convert, schema_check, schema_regex
 from shared.contract import Hint, ToolResult
 from shared.db.engine import make_engine, session_factory
 from shared.errors import InvalidArgument

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.registry.schema_check import schema_problem
 from services.registry.servicer import tool_from_pb, tool_to_pb
 from shared import convert
 from shared.errors import InvalidArgument
+from shared.schema_check import schema_problem
 from toolmesh.type.v1 import types_pb2 as pb
 
 
