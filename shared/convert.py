@@ -75,6 +75,10 @@ ANNOTATION_HINTS = ("read_only", "destructive", "idempotent", "open_world")
 # compiles it before the tool's first call (a 4 MB one took 12 s). The MCP bridge skips a
 # server's tool with a larger one.
 MAX_SCHEMA_BYTES = 256 * 1024
+# The most code a custom tool may have: the sandbox's pre-check parses it on the service's event
+# loop at registration and before an execution (about 2 s per MiB of plain statements, every
+# other call waiting), and the registry refuses a definition past it too.
+MAX_CUSTOM_CODE_BYTES = 256 * 1024
 # A serialised tool result: half the services' 64 MB message limit, so the response around it
 # always fits. A larger one is an Err `result_too_large` where it is made.
 MAX_RESULT_BYTES = 32 * 1024 * 1024

@@ -141,8 +141,14 @@ def _definition_size_problems(m: pb.ToolDefinition) -> list[tuple[str, str]]:
             problems.append((field, f"must be at most {limit} printable characters"))
     if len(m.input_schema_json.encode("utf-8")) > convert.MAX_SCHEMA_BYTES:
         problems.append(("input_schema_json", f"is over {convert.MAX_SCHEMA_BYTES} bytes"))
-    if len(m.implementation.encode("utf-8")) > MAX_IMPLEMENTATION_BYTES:
+    size = len(m.implementation.encode("utf-8"))
+    if size > MAX_IMPLEMENTATION_BYTES:
         problems.append(("implementation", f"is over {MAX_IMPLEMENTATION_BYTES} bytes"))
+    elif size > convert.MAX_CUSTOM_CODE_BYTES and m.tool_type == pb.TOOL_TYPE_CUSTOM:
+        # The sandbox would refuse every execution of it (code_rejected).
+        problems.append(
+            ("implementation", f"is over {convert.MAX_CUSTOM_CODE_BYTES} bytes of custom code")
+        )
     for field, text in (
         ("description", m.description),
         ("implementation", m.implementation),

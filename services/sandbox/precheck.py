@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.sandbox.worker import SAFE_BUILTIN_NAMES
+from shared import convert
 
 FORBIDDEN_NAMES = frozenset(
     {
@@ -32,10 +33,7 @@ FRAME_ATTRIBUTES = frozenset(
     }
 )  # fmt: skip
 NAMESPACE = ("df", "pd", "np", "inputs", "result", "call_tool")
-# The most code a custom tool may have. The check parses it on the service's event loop, at
-# registration and before every execution (about 2 s per MiB of plain statements, every other
-# call waiting): far more than a tool's code needs, far less than a stall.
-MAX_CODE_BYTES = 256 * 1024
+MAX_CODE_BYTES = convert.MAX_CUSTOM_CODE_BYTES  # far more than a tool needs, less than a stall
 # Verdicts kept, by the code's digest: a tool's executions after its first are not parsed again.
 _VERDICTS_KEPT = 256
 _verdicts: OrderedDict[bytes, Problem | None] = OrderedDict()

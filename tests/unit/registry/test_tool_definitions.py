@@ -121,3 +121,13 @@ def test_annotations_round_trip_with_unset_hints_staying_unset() -> None:
     assert not returned.HasField("idempotent") and not returned.HasField("open_world")
     assert tool_from_pb(definition(annotations=pb.ToolAnnotations())).annotations is None
     assert not tool_to_pb(tool_from_pb(definition())).HasField("annotations")
+
+
+def test_custom_code_past_what_the_sandbox_runs_is_refused_at_registration() -> None:
+    """The sandbox refuses code over convert.MAX_CUSTOM_CODE_BYTES at every execution
+    (code_rejected): the registry no longer stores such a custom tool (it took up to 1 MiB)."""
+    fits = "x = 1\n" * (convert.MAX_CUSTOM_CODE_BYTES // 6)
+    assert tool_from_pb(definition(implementation=fits)).implementation == fits
+    assert refused_fields(definition(implementation=fits + "y = 2\n")) == ["implementation"]
+    # An MCP tool's implementation (its server and tool name) is not code.
+    tool_from_pb(definition(tool_type=pb.TOOL_TYPE_MCP, implementation="mcp:c:" + "t" * 300_000))
