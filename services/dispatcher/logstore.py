@@ -23,7 +23,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import dumps
-from shared.db.engine import BUSY_TIMEOUT_MS, first_line, translate_db_errors
+from shared.db.engine import (
+    BUSY_TIMEOUT_MS,
+    database_error,
+    first_line,
+    translate_db_errors,
+)
 from shared.db.inline import LoopConnection
 from shared.db.models import (
     ConversationEventBlobRow,
@@ -270,8 +275,16 @@ class SqlCallLog:
             await asyncio.to_thread(self._probe)
 
     def _probe(self) -> None:
+        """Whether the log can be written: a read on PostgreSQL (a server that answers one
+        takes writes); on SQLite a write, since a full disk or a read-only file still answer
+        reads — and every call would run its tool only to fail to log it. The write rewrites
+        the database header's user_version (which toolmesh does not use) with its own value."""
         with translate_db_errors(), self._engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+            if self._engine.dialect.name != "sqlite":
+                conn.execute(text("SELECT 1"))
+            else:  # a PRAGMA outside a transaction commits by itself
+                version = int(conn.exec_driver_sql("PRAGMA user_version").scalar_one())
+                conn.exec_driver_sql(f"PRAGMA user_version = {version}")
         self._healthy = True
 
     async def write(self, record: CallRecord) -> None:
@@ -403,25 +416,42 @@ class SqlCallLog:
                 return
 
     def _commit(self, records: Sequence[CallRecord]) -> BaseException | None:
+        reconnected = False
         for attempt in itertools.count(1):
-            failed = self._commit_once(records, retry=attempt < COMMIT_ATTEMPTS)
+            failed = self._commit_once(
+                records, retry=attempt < COMMIT_ATTEMPTS, reconnect=not reconnected
+            )
+            if failed is _RECONNECT:
+                reconnected = True
+                continue  # at once, on another connection
             if failed is not _RETRY:
                 return failed
             time.sleep(random.uniform(0.001, 0.01) * attempt)  # the writer thread: not the loop
         raise AssertionError("unreachable")
 
-    def _commit_once(self, records: Sequence[CallRecord], *, retry: bool) -> Any:
+    def _commit_once(self, records: Sequence[CallRecord], *, retry: bool, reconnect: bool) -> Any:
         """One transaction of `records`: None when committed, the error to answer with, or
         _RETRY when the database aborted it to break a deadlock or a serialization conflict
-        with another replica's (rolled back whole, so it can run again) and `retry` allows."""
+        with another replica's (rolled back whole, so it can run again) and `retry` allows, or
+        _RECONNECT when the server dropped the connection before the commit was sent (the
+        server rolls back what it had: nothing can have been committed, so it runs again on a
+        new connection: a backend terminated, or restarted since the connection was checked
+        out) and `reconnect` allows. A connection lost during the commit itself is not run
+        again: it may have committed."""
         try:
             with translate_db_errors(), self._engine.connect() as conn:
                 dbapi = self._engine.dialect.loaded_dbapi
                 dbapi_conn = conn.connection.driver_connection
                 assert dbapi_conn is not None
-                cursor = dbapi_conn.cursor()
+                committing = False
                 try:
-                    _insert_records(cursor, self._prepared, records)
+                    cursor = dbapi_conn.cursor()
+                    try:
+                        _insert_records(cursor, self._prepared, records)
+                    finally:
+                        with contextlib.suppress(dbapi.Error):
+                            cursor.close()
+                    committing = True
                     dbapi_conn.commit()
                 except dbapi.Error as exc:
                     with contextlib.suppress(dbapi.Error):
@@ -429,15 +459,18 @@ class SqlCallLog:
                     if retry and getattr(exc, "sqlstate", None) in RETRYABLE_SQLSTATES:
                         logger.info("call log commit retried: %s", first_line(exc, "conflict"))
                         return _RETRY
-                    if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
-                        conn.invalidate()
-                        raise Unavailable(
-                            f"database unavailable: {first_line(exc, type(exc).__name__)}",
-                            reason="DATABASE_UNAVAILABLE",
-                        ) from exc
-                    raise
-                finally:
-                    cursor.close()
+                    error = database_error(exc)
+                    if error is None:
+                        raise
+                    lost = bool(getattr(dbapi_conn, "broken", False))  # psycopg's flag
+                    conn.invalidate()
+                    if lost and reconnect and not committing:
+                        logger.info(
+                            "call log commit runs again on a new connection: %s",
+                            first_line(exc, "connection lost"),
+                        )
+                        return _RECONNECT
+                    raise error from exc
             self._healthy = True
         except ToolmeshError as exc:
             self._healthy = False
@@ -727,6 +760,7 @@ _EVENT_KEYS = (
 RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
 COMMIT_ATTEMPTS = 5
 _RETRY = object()
+_RECONNECT = object()
 
 _INSERT_LOG = insert(_LOG)
 _INSERT_EVENTS = insert(_EVENTS)

@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 
 from services.dispatcher.guardrails import LoopState, PolicyRule, window_start
-from shared.db.engine import translate_db_errors
+from shared.db.engine import database_error, translate_db_errors
 from shared.db.inline import LoopConnection
 from shared.db.models import PolicyRuleRow, utcnow
 from shared.db.prepared import PreparedCache
@@ -509,6 +509,7 @@ class SqlGuardrailStore:
         under load, measured)."""
         if self._engine.dialect.paramstyle == "pyformat":  # psycopg
             statement = _NAMED_PARAM.sub(r"%(\1)s", statement)
+        dbapi = self._engine.dialect.loaded_dbapi
         with translate_db_errors(), self._engine.connect() as conn:
             dbapi_conn = conn.connection.driver_connection
             assert dbapi_conn is not None
@@ -516,18 +517,29 @@ class SqlGuardrailStore:
                 cursor = dbapi_conn.cursor()
                 try:
                     cursor.execute(statement, params)
-                    return list(cursor.fetchone())
+                    row = list(cursor.fetchone())
                 finally:
                     cursor.close()
-            except self._engine.dialect.loaded_dbapi.DataError as exc:
+            except dbapi.DataError as exc:
                 raise InvalidArgument(
                     f"a value cannot be stored: {exc}"[:300], reason="VALUE_NOT_STORABLE"
                 ) from exc
-            except self._engine.dialect.loaded_dbapi.Error as exc:
+            except dbapi.Error as exc:
                 conn.invalidate()
-                raise Unavailable(
+                # A schema not migrated yet (or a database file deleted under us) says so,
+                # like every other read's error.
+                raise database_error(exc) or Unavailable(
                     f"database unavailable: {exc}", reason="DATABASE_UNAVAILABLE"
                 ) from exc
+            # The read's transaction ends here, where a server gone since it answered costs the
+            # connection and nothing else: left to the pool's reset when the connection is
+            # returned, that failure was logged as an error with a traceback ("Exception during
+            # reset or similar") whenever PostgreSQL went down between the two.
+            try:
+                dbapi_conn.rollback()
+            except dbapi.Error:
+                conn.invalidate()
+            return row
 
     def observation_counts(
         self, tenant_id: str, user_id: str, rule_ids: Sequence[int]

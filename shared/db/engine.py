@@ -1,11 +1,15 @@
 """Database engines: SQLite (WAL) embedded by default, PostgreSQL via TOOLMESH_DATABASE_URL;
-Alembic migrations; and the translation of driver failures into UNAVAILABLE."""
+Alembic migrations; the translation of driver failures into UNAVAILABLE; and the SQLite file
+guard that keeps a pooled connection from outliving the file it was opened on (see
+SqliteFileIdentity)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +19,9 @@ from sqlalchemy.exc import (
     ArgumentError,
     DataError,
     DBAPIError,
+    InvalidatePoolError,
     NoSuchModuleError,
-    OperationalError,
-    ProgrammingError,
 )
-from sqlalchemy.exc import InterfaceError as SAInterfaceError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,6 +86,92 @@ def _check_url(url: str) -> None:
         ) from exc
 
 
+@dataclass(frozen=True)
+class SqliteFileIdentity:
+    """Which file a SQLite connection was opened on, and whether it could write it then.
+
+    SQLite resolves a database's path once, when it opens it: a connection goes on reading
+    and writing the file it opened, even after that file was deleted or replaced (its rows
+    then go nowhere anyone will read: calls were answered OK and their log rows lost), and a
+    connection opened while the file was read-only stays read-only after it is writable again
+    (a pooled one refused every write it served, for good). Compared before a connection is
+    used, a different identity means the connection must be opened again."""
+
+    device: int
+    inode: int
+    writable: bool
+
+    @classmethod
+    def of(cls, path: str) -> SqliteFileIdentity | None:
+        """The identity of the file at `path` now; None when there is none."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        # access(2) also says no for an immutable file, or one on a read-only mount (where
+        # root's permissions do not matter).
+        return cls(st.st_dev, st.st_ino, os.access(path, os.W_OK))
+
+    def apply(self, dbapi_conn: Any) -> None:
+        """Make a connection opened on a file that is not writable refuse writes itself.
+        SQLite would open it read-only, but within a process it reuses the writable file
+        descriptor of a connection closed while others held locks on the file, so a reopened
+        connection may well write on; with query_only it refuses as the file does ("attempt to
+        write a readonly database")."""
+        if not self.writable:
+            dbapi_conn.execute("PRAGMA query_only = 1")
+
+    def changed(self, path: str) -> str | None:
+        """What changed about the file at `path` since this identity was taken, or None."""
+        now = SqliteFileIdentity.of(path)
+        if now == self:
+            return None
+        if now is None:
+            return "it was deleted"
+        if (now.device, now.inode) != (self.device, self.inode):
+            return "it was replaced by another file"
+        return "it became writable" if now.writable else "it became read-only"
+
+
+def sqlite_file_path(url: str) -> str | None:
+    """The file of a SQLite URL on the standard driver (a plain path: no URI filename, no
+    query), None for any other database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.get_driver_name() not in ("", "pysqlite"):
+        return None
+    database = parsed.database or ""
+    if not database or database == ":memory:" or database.startswith("file:") or parsed.query:
+        return None
+    return database
+
+
+_FILE_IDENTITY = "toolmesh_sqlite_file"
+
+
+def _guard_sqlite_file(engine: Engine, path: str) -> None:
+    """Record the file each connection opens, and open a connection again when its file was
+    deleted, replaced, or changed between read-only and writable since (see
+    SqliteFileIdentity): on checkout, so a request never runs on a stale connection, and
+    every pooled connection of the old file is recycled at its next checkout."""
+
+    @event.listens_for(engine, "connect")
+    def _record_file(dbapi_conn: Any, record: Any) -> None:
+        opened = record.info[_FILE_IDENTITY] = SqliteFileIdentity.of(path)
+        if opened is not None:
+            opened.apply(dbapi_conn)
+
+    @event.listens_for(engine, "checkout")
+    def _check_file(_dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        opened = record.info.get(_FILE_IDENTITY)
+        change = None if opened is None else opened.changed(path)
+        if change is None:  # the same file (or one this process could not stat: unguarded)
+            return
+        logger.warning(
+            "SQLite database %s changed since it was opened (%s): reopening", path, change
+        )
+        raise InvalidatePoolError(f"the SQLite database file {path} changed: {change}")
+
+
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     _check_url(url)
@@ -97,6 +185,9 @@ def make_engine(url: str) -> Engine:
         pool: dict[str, Any] = {} if in_memory else {"pool_size": 5, "max_overflow": 40}
         engine = create_engine(url, connect_args={"timeout": 10}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
+        path = sqlite_file_path(url)
+        if path is not None:
+            _guard_sqlite_file(engine, path)
         return engine
     return create_engine(
         url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
@@ -134,25 +225,6 @@ def translate_db_errors() -> Iterator[None]:
     it cannot store into InvalidArgument."""
     try:
         yield
-    except (OperationalError, ProgrammingError) as exc:
-        if _schema_missing(exc):  # a database not migrated to this release (yet)
-            logger.warning("database schema not ready: %s", exc.orig or exc)
-            raise Unavailable(
-                f"the database schema is not migrated to this release ({first_line(exc)}): run "
-                "`toolmesh db upgrade`, or start the registry, which migrates on start",
-                reason="SCHEMA_NOT_READY",
-            ) from exc
-        if isinstance(exc, ProgrammingError):
-            raise
-        logger.warning("database unavailable: %s", exc.orig or exc)
-        raise Unavailable(
-            f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
-        ) from exc
-    except SAInterfaceError as exc:
-        logger.warning("database unavailable: %s", exc.orig or exc)
-        raise Unavailable(
-            f"database unavailable: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
-        ) from exc
     except PoolTimeoutError as exc:  # every connection of this process's pool stayed busy
         logger.warning("database connection pool exhausted: %s", exc)
         raise Unavailable(
@@ -164,11 +236,85 @@ def translate_db_errors() -> Iterator[None]:
             f"a value cannot be stored: {first_line(exc)}", reason="VALUE_NOT_STORABLE"
         ) from exc
     except DBAPIError as exc:
-        if exc.connection_invalidated:
-            raise Unavailable(
-                f"database connection lost: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
-            ) from exc
-        raise
+        error = database_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def database_error(exc: BaseException) -> Unavailable | None:
+    """The Unavailable to answer for a database error — SQLAlchemy's DBAPIError or the
+    driver's own, raised by code that works on the driver's connection — when the database
+    cannot serve (is_unavailable) or lacks this release's schema; None for an error of the
+    statement itself (a bug: it stays what it is)."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if _schema_missing(orig):  # a database not migrated to this release (yet)
+        logger.warning("database schema not ready: %s", orig)
+        return Unavailable(
+            f"the database schema is not migrated to this release ({first_line(exc)}): run "
+            "`toolmesh db upgrade`, or start the registry, which migrates on start",
+            reason="SCHEMA_NOT_READY",
+        )
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        logger.warning("database connection lost: %s", orig)
+        return Unavailable(
+            f"database connection lost: {first_line(exc)}", reason="DATABASE_UNAVAILABLE"
+        )
+    if is_unavailable(orig):
+        logger.warning("database unavailable: %s", orig)
+        return unavailable(exc)
+    return None
+
+
+# PostgreSQL SQLSTATE classes of a server that cannot serve now rather than of a statement in
+# error: connection exception, insufficient resources (disk full, out of memory, too many
+# connections), operator intervention (shutting down or starting up, a terminated backend) and
+# system error (I/O); and a read-only transaction (a standby after a failover, or
+# default_transaction_read_only), which psycopg raises as an InternalError.
+_UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57", "58")
+_UNAVAILABLE_SQLSTATES = frozenset({"25006"})
+# SQLite's errors about the file rather than the statement, by their primary error name (its
+# extended names start with it, e.g. SQLITE_IOERR_WRITE): some are a DatabaseError, not an
+# OperationalError (a damaged file, or one that is not a database).
+_SQLITE_UNAVAILABLE = (
+    "SQLITE_CANTOPEN",
+    "SQLITE_CORRUPT",
+    "SQLITE_FULL",
+    "SQLITE_IOERR",
+    "SQLITE_NOTADB",
+    "SQLITE_READONLY",
+)
+
+
+# PEP 249's classes for a database that cannot serve (a driver's own subclasses of them too,
+# e.g. psycopg's AdminShutdown), named so that no driver need be imported.
+_PEP249_UNAVAILABLE = frozenset({"OperationalError", "InterfaceError"})
+
+
+def is_unavailable(error: BaseException | None) -> bool:
+    """Whether a driver error (sqlite3 or psycopg) says the database cannot serve now: it is
+    down, unreachable, out of room or connections, read-only, or its file is damaged; not that
+    a statement or a value is wrong."""
+    if error is None:
+        return False
+    if any(cls.__name__ in _PEP249_UNAVAILABLE for cls in type(error).__mro__):
+        return True
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(sqlstate, str) and (
+        sqlstate in _UNAVAILABLE_SQLSTATES or sqlstate.startswith(_UNAVAILABLE_SQLSTATE_CLASSES)
+    ):
+        return True
+    name = getattr(error, "sqlite_errorname", None)
+    return isinstance(name, str) and name.startswith(_SQLITE_UNAVAILABLE)
+
+
+def unavailable(error: BaseException) -> Unavailable:
+    """The Unavailable (DATABASE_UNAVAILABLE) for a database that cannot serve, saying why in
+    the driver's own words (its first line)."""
+    return Unavailable(
+        f"database unavailable: {first_line(error, type(error).__name__)}",
+        reason="DATABASE_UNAVAILABLE",
+    )
 
 
 # PostgreSQL's undefined table / column; SQLite says it in words.
@@ -176,11 +322,13 @@ _SCHEMA_SQLSTATES = frozenset({"42P01", "42703"})
 _SQLITE_SCHEMA_MISSING = ("no such table", "no such column")
 
 
-def _schema_missing(exc: DBAPIError) -> bool:
-    """Whether `exc` says a table or column this release uses does not exist."""
-    if getattr(exc.orig, "sqlstate", None) in _SCHEMA_SQLSTATES:
+def _schema_missing(error: BaseException | None) -> bool:
+    """Whether a driver error says a table or column this release uses does not exist."""
+    if error is None:
+        return False
+    if getattr(error, "sqlstate", None) in _SCHEMA_SQLSTATES:
         return True
-    return str(exc.orig).startswith(_SQLITE_SCHEMA_MISSING)
+    return str(error).startswith(_SQLITE_SCHEMA_MISSING)
 
 
 def first_line(exc: BaseException, default: str = "") -> str:

@@ -6,17 +6,30 @@ hands and a wake-up of the loop: about 0.3-0.5 ms of latency here). So the per-c
 writes of the dispatcher run on the loop, on a connection that never waits: when it would
 have to (another writer holds the lock), the caller falls back to its thread and the busy
 timeout. Only for SQLite files on the standard driver; PostgreSQL always uses threads.
+
+The connection is opened again when its file was deleted, replaced or changed between read-only
+and writable since it was opened (shared.db.engine.SqliteFileIdentity), checked before every
+write and now and then before a read: a connection kept for the life of the process must not
+go on writing a file nobody else will ever read.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Engine
 
-from shared.db.engine import WAL_SIZE_LIMIT
+from shared.db.engine import WAL_SIZE_LIMIT, SqliteFileIdentity
+
+logger = logging.getLogger(__name__)
+
+# A read on the loop's connection checks that the file is still the one it opened at most this
+# often (a write, every time).
+READ_CHECK_S = 0.1
 
 
 def sqlite_file(engine: Engine) -> str | None:
@@ -59,6 +72,8 @@ class LoopConnection:
     def __init__(self, path: str) -> None:
         self.path = path
         self._conn: sqlite3.Connection | None = None
+        self._opened: SqliteFileIdentity | None = None  # the file it was opened on
+        self._checked_at = float("-inf")
 
     @classmethod
     def for_engine(cls, engine: Engine) -> LoopConnection | None:
@@ -67,16 +82,39 @@ class LoopConnection:
         return None if path is None else cls(path)
 
     def get(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self._conn = open_nonblocking(self.path)
-        return self._conn
+        """The open connection for a read: opened on first use, and again when its file
+        changed (checked at most every READ_CHECK_S: a stat and an access check cost a few
+        microseconds, more than the read itself saves)."""
+        return self._connection(check=time.monotonic() - self._checked_at >= READ_CHECK_S)
+
+    def _connection(self, *, check: bool) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is not None:
+            if not check:
+                return conn
+            self._checked_at = time.monotonic()
+            opened = self._opened
+            change = None if opened is None else opened.changed(self.path)
+            if change is None:
+                return conn
+            logger.warning(
+                "SQLite database %s changed since it was opened (%s): reopening", self.path, change
+            )
+            self.close()
+        conn = self._conn = open_nonblocking(self.path)
+        opened = self._opened = SqliteFileIdentity.of(self.path)
+        self._checked_at = time.monotonic()
+        if opened is not None:
+            opened.apply(conn)
+        return conn
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Cursor]:
         """A write transaction that never waits (BEGIN IMMEDIATE with no busy timeout: a
         held lock raises sqlite3.OperationalError at once), committed when the block ends and
-        rolled back if it raises."""
-        conn = self.get()
+        rolled back if it raises. A write checks the file every time: it must not commit to a
+        file that was replaced or deleted, nor while the file is read-only."""
+        conn = self._connection(check=True)
         cursor = conn.cursor()
         try:
             cursor.execute("BEGIN IMMEDIATE")
@@ -94,3 +132,4 @@ class LoopConnection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+            self._opened = None

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,17 +248,38 @@ def _kill_postmaster(data_dir: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _start(runner: _Runner, pg: _Binaries, data_dir: Path, sock_dir: Path, log_file: Path) -> int:
+def _pg_ctl_start(
+    runner: _Runner,
+    pg: _Binaries,
+    data_dir: Path,
+    sock_dir: Path,
+    log_file: Path,
+    port: int,
+    settings: Mapping[str, str],
+) -> subprocess.CompletedProcess[str]:
+    options = (
+        f"-c listen_addresses=127.0.0.1 -p {port} -k {shlex.quote(str(sock_dir))} "
+        "-c fsync=off -c full_page_writes=off -c synchronous_commit=off"
+    )
+    for name, value in settings.items():
+        options += f" -c {shlex.quote(f'{name}={value}')}"
+    argv = [str(pg.pg_ctl), "-D", str(data_dir), "-l", str(log_file), "-o", options]
+    argv += ["-w", "-t", str(int(_START_TIMEOUT_S)), "start"]
+    return runner.run(argv, timeout=_START_TIMEOUT_S + 10)
+
+
+def _start(
+    runner: _Runner,
+    pg: _Binaries,
+    data_dir: Path,
+    sock_dir: Path,
+    log_file: Path,
+    settings: Mapping[str, str] | None = None,
+) -> int:
     """Start the server on a free port (retrying if the port is taken); return the port."""
     for attempt in range(1, _START_ATTEMPTS + 1):
         port = _free_port()
-        options = (
-            f"-c listen_addresses=127.0.0.1 -p {port} -k {shlex.quote(str(sock_dir))} "
-            "-c fsync=off -c full_page_writes=off -c synchronous_commit=off"
-        )
-        argv = [str(pg.pg_ctl), "-D", str(data_dir), "-l", str(log_file), "-o", options]
-        argv += ["-w", "-t", str(int(_START_TIMEOUT_S)), "start"]
-        proc = runner.run(argv, timeout=_START_TIMEOUT_S + 10)
+        proc = _pg_ctl_start(runner, pg, data_dir, sock_dir, log_file, port, settings or {})
         if proc.returncode == 0:
             return port
         log = _tail(log_file)
@@ -272,21 +293,192 @@ def _start(runner: _Runner, pg: _Binaries, data_dir: Path, sock_dir: Path, log_f
     raise PostgresSetupError(f"no free port after {_START_ATTEMPTS} attempts")
 
 
+def _postmaster_pid(data_dir: Path) -> int | None:
+    try:
+        return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not: a killed postmaster is re-parented to
+    init, which may take its time to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _server_pids(data_dir: Path) -> list[int]:
+    """Every live process of the server of `data_dir`: its postmaster and the backends and
+    helpers it started, orphans of a killed postmaster included (found by their working
+    directory, which every server process sets to the data directory)."""
+    found = []
+    target = str(data_dir.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "cwd") != target:
+                continue
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("postgres"):
+            found.append(int(entry.name))
+    return found
+
+
+class PostgresServer:
+    """A running throw-away server (see postgres_instance): its URLs, and the faults tests
+    inflict on it — a stop (fast, smart or immediate), a SIGKILL of the postmaster, the
+    termination of other clients' connections — and a start again on the same port."""
+
+    def __init__(
+        self,
+        runner: _Runner,
+        pg: _Binaries,
+        workdir: Path,
+        settings: Mapping[str, str],
+    ) -> None:
+        self._runner = runner
+        self._pg = pg
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.sock_dir = workdir / "sock"
+        self.log_file = workdir / "postgres.log"
+        self.settings = dict(settings)
+        self.port = 0
+
+    def url(self, dbname: str = DEFAULT_DBNAME) -> str:
+        """The SQLAlchemy URL of database `dbname` on this server."""
+        return _url(self.port, dbname)
+
+    def conninfo(self, dbname: str = DEFAULT_DBNAME) -> str:
+        """The libpq connection string of `dbname` as the superuser."""
+        return _conninfo(self.port, dbname)
+
+    @property
+    def running(self) -> bool:
+        pid = _postmaster_pid(self.data_dir)
+        return pid is not None and _alive(pid)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return _tail(self.log_file, limit)
+
+    def _first_start(self) -> None:
+        self.port = _start(
+            self._runner, self._pg, self.data_dir, self.sock_dir, self.log_file, self.settings
+        )
+        _wait_accepting(self.port, time.monotonic() + _START_TIMEOUT_S, self.log_file)
+
+    def start(self, timeout: float = _START_TIMEOUT_S) -> None:
+        """Start the server again on its port, once whatever is left of its last run is gone
+        (after a SIGKILL of the postmaster, its backends exit on their own, and a new
+        postmaster refuses to start while they still hold the shared memory); returns once
+        it accepts connections (after crash recovery, when it was killed)."""
+        deadline = time.monotonic() + timeout
+        while _server_pids(self.data_dir):
+            if time.monotonic() > deadline:
+                raise PostgresSetupError(
+                    f"processes of the last server still run: {_server_pids(self.data_dir)}"
+                )
+            time.sleep(0.05)
+        # A killed postmaster's lock files (its pid file and its socket's) are stale, but while
+        # init has not reaped the zombie a new postmaster takes that pid for a running server
+        # and refuses to start; nothing of the old server runs any more (above), so they go.
+        pid = _postmaster_pid(self.data_dir)
+        if pid is not None and not _alive(pid):
+            socket_file = self.sock_dir / f".s.PGSQL.{self.port}"
+            for stale in (self.data_dir / "postmaster.pid", Path(f"{socket_file}.lock")):
+                stale.unlink(missing_ok=True)
+        proc = _pg_ctl_start(
+            self._runner,
+            self._pg,
+            self.data_dir,
+            self.sock_dir,
+            self.log_file,
+            self.port,
+            self.settings,
+        )
+        if proc.returncode != 0:
+            raise PostgresSetupError(
+                f"pg_ctl start on port {self.port} failed (exit {proc.returncode}): "
+                f"{proc.stdout}{proc.stderr}\nserver log:\n{self.log_tail()}"
+            )
+        _wait_accepting(self.port, deadline, self.log_file)
+
+    def stop(self, mode: str = "fast", timeout: float = 60) -> None:
+        """pg_ctl stop: `fast` disconnects every client and shuts down cleanly, `smart` waits
+        for clients to leave, `immediate` exits without a shutdown checkpoint (recovery on
+        the next start). Returns once the server is gone."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"unknown shutdown mode {mode!r}")
+        stop = self._runner.run(
+            [str(self._pg.pg_ctl), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
+            timeout=timeout,
+        )
+        if stop.returncode != 0 and self.running:
+            raise PostgresSetupError(f"pg_ctl stop -m {mode} failed: {stop.stdout}{stop.stderr}")
+
+    def kill(self, timeout: float = 30) -> None:
+        """SIGKILL the postmaster (a crash: no shutdown, no message to clients) and wait until
+        no new connection can reach it. Its backends notice their postmaster is gone and exit
+        by themselves (start() waits for them)."""
+        pid = _postmaster_pid(self.data_dir)
+        if pid is None:
+            raise PostgresSetupError("the server is not running (no postmaster.pid)")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def terminate_backends(self, dbname: str | None = None) -> int:
+        """pg_terminate_backend of every client connection but this call's own (only those
+        to `dbname` when given); the number terminated."""
+        query = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        params: tuple[str, ...] = ()
+        if dbname is not None:
+            query += " AND datname = %s"
+            params = (dbname,)
+        with psycopg.connect(self.conninfo("postgres"), autocommit=True, connect_timeout=5) as c:
+            row = c.execute(query, params).fetchone()
+        return int(row[0]) if row else 0
+
+    def _final_stop(self) -> None:
+        stop = self._runner.run(
+            [str(self._pg.pg_ctl), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
+            timeout=60,
+        )
+        if stop.returncode != 0 and (self.data_dir / "postmaster.pid").exists():
+            logger.warning("pg_ctl stop failed: %s%s", stop.stdout, stop.stderr)
+            _kill_postmaster(self.data_dir)
+
+
 @contextlib.contextmanager
-def postgres_server(dbname: str = DEFAULT_DBNAME) -> Iterator[str]:
-    """Start a throw-away PostgreSQL server; yield the SQLAlchemy URL of a fresh `dbname`.
+def postgres_instance(
+    dbname: str = DEFAULT_DBNAME, *, settings: Mapping[str, str] | None = None
+) -> Iterator[PostgresServer]:
+    """Start a throw-away PostgreSQL server with a fresh database `dbname`; yield its handle
+    (PostgresServer: URLs, and stop / kill / start again on the same port for fault tests).
 
     The server listens on 127.0.0.1 only, has trust authentication for superuser `toolmesh`,
-    keeps its data in a temp directory and is stopped and removed on exit.
+    keeps its data in a temp directory and is stopped and removed on exit. `settings` are
+    extra server parameters (`-c name=value`), e.g. {"max_connections": "20"}.
     """
     _check_dbname(dbname)
     pg = ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="toolmesh-pg-"))
-    data_dir, sock_dir, log_file = workdir / "data", workdir / "sock", workdir / "postgres.log"
-    sock_dir.mkdir()
-    started = False
+    (workdir / "sock").mkdir()
+    server: PostgresServer | None = None
     try:
         runner = _Runner(workdir)
+        data_dir = workdir / "data"
         initdb = [str(pg.initdb), "-D", str(data_dir), "-A", "trust", "-U", SUPERUSER]
         initdb += ["--no-sync", "--encoding=UTF8", "--locale=C"]
         init = runner.run(initdb, timeout=120)
@@ -294,18 +486,24 @@ def postgres_server(dbname: str = DEFAULT_DBNAME) -> Iterator[str]:
             raise PostgresSetupError(
                 f"initdb failed (exit {init.returncode}): {init.stdout}{init.stderr}"
             )
-        started = True  # from here on a stop attempt is needed even if start half-worked
-        port = _start(runner, pg, data_dir, sock_dir, log_file)
-        _wait_accepting(port, time.monotonic() + _START_TIMEOUT_S, log_file)
-        _create(_conninfo(port, "postgres"), dbname)
-        logger.info("test PostgreSQL listening on 127.0.0.1:%d (%s)", port, workdir)
-        yield _url(port, dbname)
+        # From here on a stop attempt is needed even if start half-worked.
+        server = PostgresServer(runner, pg, workdir, settings or {})
+        server._first_start()
+        _create(server.conninfo("postgres"), dbname)
+        logger.info("test PostgreSQL listening on 127.0.0.1:%d (%s)", server.port, workdir)
+        yield server
     finally:
-        if started:
-            stop = runner.run(
-                [str(pg.pg_ctl), "-D", str(data_dir), "-m", "immediate", "-w", "stop"], timeout=60
-            )
-            if stop.returncode != 0 and (data_dir / "postmaster.pid").exists():
-                logger.warning("pg_ctl stop failed: %s%s", stop.stdout, stop.stderr)
-                _kill_postmaster(data_dir)
+        if server is not None:
+            server._final_stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_server(dbname: str = DEFAULT_DBNAME) -> Iterator[str]:
+    """Start a throw-away PostgreSQL server; yield the SQLAlchemy URL of a fresh `dbname`.
+
+    The server listens on 127.0.0.1 only, has trust authentication for superuser `toolmesh`,
+    keeps its data in a temp directory and is stopped and removed on exit.
+    """
+    with postgres_instance(dbname) as server:
+        yield server.url(dbname)
