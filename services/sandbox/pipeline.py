@@ -524,6 +524,10 @@ class JobWorkers:
             except ToolmeshError as exc:
                 logger.warning("job worker: %s", exc.message)
                 job = None
+            except Exception:  # a bug must not end the worker for good
+                # Logged with its traceback; the worker waits a poll before it claims again.
+                logger.exception("job worker: unexpected failure; claiming again after a poll")
+                job = None
             if job is not None:
                 continue
             self._wake.clear()

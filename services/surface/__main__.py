@@ -38,6 +38,8 @@ async def _rederive_periodically(core: SurfaceCore, interval_s: float) -> None:
             await core.derive_tier0()
         except ToolmeshError as exc:
             logger.warning("periodic tier0 derivation failed: %s", exc.message)
+        except Exception:  # a bug must not end the periodic derivation
+            logger.exception("periodic tier0 derivation failed unexpectedly; trying next time")
 
 
 async def serve(settings: Settings, port: int) -> None:
