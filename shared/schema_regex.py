@@ -16,6 +16,8 @@ is not enforced, with a warning, rather than run on the backtracking engine.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,11 +25,26 @@ import re2
 
 logger = logging.getLogger(__name__)
 
-_MAX_CACHED = 4096
+# The patterns Re2Search keeps compiled: at most this many, and at most SEARCH_BUDGET_BYTES of
+# what their programs may grow to (each entry counts its RE2 memory budget, `max_mem`), the
+# least recently used going first. An RE2 program keeps the DFA states its searches built, up
+# to its budget: with RE2's default budget (8 MiB) a short pattern whose DFA explodes
+# (`[ab]*a[ab]{20}$`) held 3 MiB after one search of 200 KB, so the 4096 patterns kept before
+# (cleared all at once past that) could hold gigabytes.
+MAX_CACHED_PATTERNS = 4096
+SEARCH_BUDGET_BYTES = 256 << 20
+# The memory budget of a pattern searched in tool inputs. A pattern whose program does not fit
+# (a counted repetition of thousands) gets RE2's default instead, so what compiles does not
+# change; matching stays linear in time either way (past its budget RE2 leaves its DFA for
+# the NFA, slower by a constant).
+SEARCH_MAX_MEM = 1 << 20
 
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a refused pattern is reported by its caller, not printed by RE2
+_SEARCH_OPTIONS = re2.Options()
+_SEARCH_OPTIONS.log_errors = False
+_SEARCH_OPTIONS.max_mem = SEARCH_MAX_MEM
 
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -66,12 +83,12 @@ def ecma_to_re2(pattern: str) -> str:
     return "".join(out)
 
 
-def compile_re2(pattern: str) -> Any:
+def compile_re2(pattern: str, options: Any = None) -> Any:
     """The RE2 program of `pattern` (it matches in time linear in the text), ECMA-262's
     `\\u` escapes translated (ecma_to_re2). ValueError saying why when RE2 cannot take it
     (backreferences, lookaround, a syntax error)."""
     try:
-        return re2.compile(ecma_to_re2(pattern), _OPTIONS)
+        return re2.compile(ecma_to_re2(pattern), options or _OPTIONS)
     except re2.error as exc:
         text = exc.args[0] if exc.args else exc
         raise ValueError(
@@ -80,28 +97,69 @@ def compile_re2(pattern: str) -> Any:
 
 
 class Re2Search:
-    """A stand-in for the `re` module where jsonschema only calls `re.search(pattern, text)`."""
+    """A stand-in for the `re` module where jsonschema only calls `re.search(pattern, text)`,
+    keeping the patterns it compiled within bounds (MAX_CACHED_PATTERNS, SEARCH_BUDGET_BYTES).
+    Thread-safe: inputs are validated on worker threads too."""
 
-    def __init__(self) -> None:
-        self._compiled: dict[str, Any] = {}
+    def __init__(
+        self,
+        max_entries: int = MAX_CACHED_PATTERNS,
+        budget_bytes: int = SEARCH_BUDGET_BYTES,
+        max_mem: int = SEARCH_MAX_MEM,
+    ) -> None:
+        self.max_entries = max_entries
+        self.budget_bytes = budget_bytes
+        self._options = _SEARCH_OPTIONS
+        if max_mem != SEARCH_MAX_MEM:
+            self._options = re2.Options()
+            self._options.log_errors = False
+            self._options.max_mem = max_mem
+        # pattern -> (its program or None, the bytes it counts), least recently used first.
+        self._compiled: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._weight = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    @property
+    def budgeted_bytes(self) -> int:
+        """What the kept programs may grow to, together."""
+        return self._weight
 
     def compile(self, pattern: str) -> Any:
         """The RE2 program of `pattern`, or None when RE2 cannot take it (cached either way)."""
-        if pattern in self._compiled:
-            return self._compiled[pattern]
+        with self._lock:
+            hit = self._compiled.get(pattern)
+            if hit is not None:
+                self._compiled.move_to_end(pattern)
+                return hit[0]
+        compiled, weight = self._compile(pattern)
+        with self._lock:
+            if pattern not in self._compiled:
+                self._compiled[pattern] = (compiled, weight)
+                self._weight += weight
+                while self._compiled and (
+                    len(self._compiled) > self.max_entries or self._weight > self.budget_bytes
+                ):
+                    _, (_, dropped) = self._compiled.popitem(last=False)
+                    self._weight -= dropped
+        return compiled
+
+    def _compile(self, pattern: str) -> tuple[Any, int]:
         try:
-            compiled = compile_re2(pattern)
+            return compile_re2(pattern, self._options), self._options.max_mem
+        except ValueError:
+            pass  # too large a program for the search budget, or not RE2 at all: see below
+        try:
+            return compile_re2(pattern), _OPTIONS.max_mem
         except ValueError as exc:
             logger.warning(
                 "input schema pattern %r is not an RE2 expression (%s): not enforced",
                 pattern[:200],
                 exc,
             )
-            compiled = None
-        if len(self._compiled) >= _MAX_CACHED:
-            self._compiled.clear()
-        self._compiled[pattern] = compiled
-        return compiled
+            return None, 0
 
     def search(self, pattern: str, string: str, flags: int = 0) -> Any:
         compiled = self.compile(pattern)

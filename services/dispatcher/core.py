@@ -13,6 +13,7 @@ import logging
 import math
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ logger = logging.getLogger(__name__)
 RULE_CACHE_TTL_S = 2.0
 TEXT_CHUNK = 1024  # characters per text_delta chunk of a streamed result
 TOOL_TIMEOUT_CACHE_TTL_S = 30.0
+# (tenant, tool) pairs whose timeouts are cached (the oldest go first past it).
+MAX_CACHED_TIMEOUTS = 4096
 # How much of a rejected call's raw input its log row and events keep.
 REJECTED_INPUT_CHARS = 64 * 1024
 # Registered tool names match [a-zA-Z0-9_-]{1,64} (services/registry/model.py).
@@ -223,7 +226,12 @@ class RuleCache:
 
 class ToolTimeouts:
     """Per-tool timeouts from the registry's definitions (GetTool), cached for `ttl_s`; the
-    default when a tool sets none or cannot be looked up."""
+    default when a tool sets none or cannot be looked up.
+
+    The cache is kept in the order its entries expire (every entry lives `ttl_s`, and a
+    refreshed one moves to the end), so expired entries are dropped from its front as new ones
+    come, and it never holds more than `max_entries`: keyed by (tenant, tool name) as callers
+    send them, unknown names included, it kept every pair it ever saw."""
 
     def __init__(
         self,
@@ -231,12 +239,18 @@ class ToolTimeouts:
         default_s: float,
         ttl_s: float = TOOL_TIMEOUT_CACHE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        max_entries: int = MAX_CACHED_TIMEOUTS,
     ) -> None:
         self._registry = registry
         self._default_s = default_s
         self._ttl_s = ttl_s
         self._clock = clock
-        self._cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._max_entries = max(1, max_entries)
+        # (tenant, tool) -> (timeout, expires at), oldest first.
+        self._cache: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def cached(self, name: str, tenant_id: str) -> float | None:
         return self._cached_value((tenant_id, name), self._clock())
@@ -256,7 +270,11 @@ class ToolTimeouts:
         except ToolmeshError:
             own = None  # unknown tool or registry trouble: ExecuteTool reports it properly
         value = own if own is not None and own > 0 else self._default_s
-        self._cache[key] = (value, now + self._ttl_s)
+        cache = self._cache
+        cache.pop(key, None)
+        cache[key] = (value, now + self._ttl_s)
+        while cache and (len(cache) > self._max_entries or next(iter(cache.values()))[1] <= now):
+            cache.popitem(last=False)
         return value
 
 

@@ -6,10 +6,11 @@ the connection store are parameters (ToolSink, ConnectionStore)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +58,14 @@ TOOLS_CHANGED_DELAY_S = 0.1
 TOOLS_CHANGED_MIN_INTERVAL_S = 1.0
 # A re-listing that failed is tried again after twice the interval of the last try, up to this.
 RELIST_BACKOFF_MAX_S = 30.0
+
+
+@dataclass
+class _NamedLock:
+    """A connection name's lock and how many hold or await it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class ToolSink(Protocol):
@@ -192,15 +201,30 @@ class McpBridge:
         self._tools_changed_delay_s = tools_changed_delay_s
         self._tools_changed_min_interval_s = tools_changed_min_interval_s
         self._connections: dict[str, LiveConnection] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Per connection name, while anyone holds or awaits it (see _lock).
+        self._locks: dict[str, _NamedLock] = {}
         self._naming = asyncio.Lock()  # see _register
         # Per connection: the task re-listing its tools after an announced change, and whether
         # another announcement came while it ran.
         self._relists: dict[LiveConnection, asyncio.Task[None]] = {}
         self._relist_again: set[LiveConnection] = set()
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, name: str) -> AsyncIterator[None]:
+        """Hold the lock of the connection `name`. A lock is kept only while someone holds or
+        awaits it: one per name ever used (each Connect, Disconnect or Reconnect, of names that
+        never existed too) stayed for good."""
+        entry = self._locks.get(name)
+        if entry is None:
+            entry = self._locks[name] = _NamedLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users and self._locks.get(name) is entry:
+                del self._locks[name]
 
     def _new(self, config: ServerConfig) -> LiveConnection:
         return LiveConnection(

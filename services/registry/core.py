@@ -23,6 +23,7 @@ import logging
 import reprlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from shared.contract import (
 from shared.contract.telemetry import emit
 from shared.costs import BudgetExceeded
 from shared.errors import FailedPrecondition, NotFound
+from shared.lru import LruCache
 from shared.telemetry import metrics, semconv
 from shared.telemetry.tracing import current_trace_id, span_attributes, tracer
 from shared.telemetry.usage import UsageEntry
@@ -66,6 +68,8 @@ from shared.telemetry.usage import UsageEntry
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any], ToolContext], Any]
+# A tool version's jsonschema validator and its compiled first pass (None when it has none).
+Validators = tuple[jsonschema.protocols.Validator, Acceptor | None]
 
 REASONING_FIELD: dict[str, Any] = {
     "type": "string",
@@ -131,6 +135,9 @@ class Execution:
 # quoted up to twice that.
 MAX_MATCHED_CHARS = 128
 MAX_CACHED_TOOLS = 4096
+# Tools whose validators are kept compiled (the least recently called beyond it are compiled
+# again when called: a fraction of a millisecond for a usual schema).
+MAX_CACHED_VALIDATORS = 1024
 MAX_LISTED_FIELDS = 10
 MAX_LISTED_OPTIONS = 20  # enum options named in a hint
 MAX_SCORED_OPTIONS = 1000  # enum options compared with the value for alternatives
@@ -231,6 +238,7 @@ class Registry:
         specs: Callable[[str], ToolSpec | None] = get_spec,
         trace_payloads: bool = False,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
+        max_cached_validators: int = MAX_CACHED_VALIDATORS,
     ) -> None:
         schema_regex.install()  # input patterns run on RE2, never on backtracking `re`
         schema_check.install()  # multipleOf and uniqueItems checked as the first pass does
@@ -239,13 +247,20 @@ class Registry:
         self._context_defaults = context_defaults
         self._routes = dict(routes or {})
         self._handlers: dict[str, Handler] = {}
-        self._cache: dict[str, tuple[float, ToolDef | None]] = {}
-        # Per (tool, version): jsonschema's validator, and the compiled first pass that
-        # accepts valid input without it (services.registry.fast_accept), when there is one.
-        # A schema that cannot validate anything is cached as the Hint every call gets.
-        self._validators_cache: dict[
-            tuple[str, int], tuple[jsonschema.protocols.Validator, Acceptor | None] | Hint
-        ] = {}
+        # name -> (expires at, its definition or None), in the order the entries expire (each
+        # lives cache_ttl_s; a refreshed one moves to the end): expired ones are dropped from
+        # the front as new ones come, so it holds the names of the last cache_ttl_s, not every
+        # name looked up until MAX_CACHED_TOOLS.
+        self._cache: OrderedDict[str, tuple[float, ToolDef | None]] = OrderedDict()
+        # Per tool name, for the version last seen: jsonschema's validator, and the compiled
+        # first pass that accepts valid input without it (services.registry.fast_accept), when
+        # there is one. A schema that cannot validate anything is cached as the Hint every call
+        # gets. One version per name (a new version replaces the old one), the names used
+        # least recently dropped past MAX_CACHED_VALIDATORS: tools registered, re-registered
+        # and deleted for weeks kept every version's validator before.
+        self._validators_cache: LruCache[str, tuple[int, Validators | Hint]] = LruCache(
+            max_cached_validators
+        )
         self._cache_ttl_s = cache_ttl_s
         self._max_depth = max_depth
         self._threads = HandlerThreads(handler_threads, max_depth=max_depth)
@@ -326,10 +341,14 @@ class Registry:
         return sorted(self._handlers)
 
     def invalidate(self, name: str | None = None) -> None:
+        """Forget what is cached of `name` (its definition and its validators: it changed or
+        went), or every cached definition when None (validators are per version: a changed
+        tool's new version gets its own)."""
         if name is None:
             self._cache.clear()
         else:
             self._cache.pop(name, None)
+            self._validators_cache.pop(name)
 
     # --- catalog --------------------------------------------------------------------------
 
@@ -348,9 +367,12 @@ class Registry:
             tool = cached[1]
         else:
             tool = await asyncio.to_thread(self._repo.get, name)
-            if len(self._cache) >= MAX_CACHED_TOOLS:  # unknown names must not grow it for ever
-                self._cache.clear()
-            self._cache[name] = (now + self._cache_ttl_s, tool)
+            cache = self._cache
+            cache.pop(name, None)
+            cache[name] = (now + self._cache_ttl_s, tool)
+            # Unknown names too: they must not grow it for ever.
+            while cache and (len(cache) > MAX_CACHED_TOOLS or next(iter(cache.values()))[0] <= now):
+                cache.popitem(last=False)
         if tool is None or not tool.live or not tool.visible_to(tenant_id):
             # Suggest only tools this tenant can see: other tenants' tool names stay private.
             visible = await asyncio.to_thread(self._repo.find, tenant_id=tenant_id)
@@ -516,11 +538,14 @@ class Registry:
             )
         return None
 
-    def _validators(self, tool: ToolDef) -> tuple[Any, Acceptor | None] | Hint:
+    def _cached_validators(self, tool: ToolDef) -> Validators | Hint | None:
+        cached = self._validators_cache.get(tool.name)
+        return cached[1] if cached is not None and cached[0] == tool.version else None
+
+    def _validators(self, tool: ToolDef) -> Validators | Hint:
         """The tool's validator and compiled acceptor (made once per tool version), or a
         `schema` Hint when its input schema cannot validate anything (schema_check)."""
-        key = (tool.name, tool.version)
-        cached = self._validators_cache.get(key)
+        cached = self._cached_validators(tool)
         if cached is None:
             dialect = schema_check.dialect(tool.input_schema)
             defect = schema_check.schema_defect(tool.input_schema, dialect)
@@ -532,7 +557,7 @@ class Registry:
                     dialect(tool.input_schema),
                     fast_acceptor(tool.input_schema, dialect=schema_check.dialect_uri(dialect)),
                 )
-            self._validators_cache[key] = cached
+            self._validators_cache.put(tool.name, (tool.version, cached))
         return cached
 
     def _validate(self, tool: ToolDef, inputs: dict[str, Any]) -> Hint | None:
@@ -549,9 +574,10 @@ class Registry:
         """`_validate`, with the Python validator run in a thread for a large input: walking
         megabytes of JSON in Python takes seconds, which on the event loop would stall every
         other call of the registry."""
-        if (tool.name, tool.version) in self._validators_cache or not is_large(tool.input_schema):
+        found: Validators | Hint | None = self._cached_validators(tool)
+        if found is None and not is_large(tool.input_schema):
             found = self._validators(tool)
-        else:  # checking and compiling a large schema takes a while: not on the loop
+        elif found is None:  # checking and compiling a large schema takes a while: not on the loop
             found = await asyncio.to_thread(self._validators, tool)
         if isinstance(found, Hint):
             return found

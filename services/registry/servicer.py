@@ -552,6 +552,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             self._core.repo.soft_delete, list(request.names), request.created_by
         )
         self._core.invalidate()
+        for name in deleted:  # their compiled validators too
+            self._core.invalidate(name)
         return rpb.DeleteToolsResponse(deleted=deleted)
 
     async def SetToolStatus(

@@ -351,6 +351,7 @@ class WorkerPool:
         self._next_id = 0
         self._zygote_ready: asyncio.Future[None] | None = None
         self._refill_tasks: set[asyncio.Task[None]] = set()
+        self._refills_pending = 0  # pool refills started and not yet over (see _refill)
         self._closed = False
         self._lock = asyncio.Lock()
         self._generation = 0
@@ -653,11 +654,22 @@ class WorkerPool:
         return worker.generation == self._generation and not worker.exited.done()
 
     def _refill(self) -> None:
-        if self._closed:
+        """Start a worker for the pool, unless the pool (with the workers already being
+        started for it) is full: a worker started on the spot for a call that found the pool
+        empty took nothing from it, and refilling after it too grew the pool to the widest
+        burst of calls (idle processes, descriptors and memory, kept for good)."""
+        if self._closed or self._ready.qsize() + self._refills_pending >= self._size:
             return
-        task = asyncio.ensure_future(self._spawn_into_pool())
+        self._refills_pending += 1
+        task = asyncio.ensure_future(self._refill_one())
         self._refill_tasks.add(task)
         task.add_done_callback(self._refill_tasks.discard)
+
+    async def _refill_one(self) -> None:
+        try:
+            await self._spawn_into_pool()
+        finally:
+            self._refills_pending -= 1
 
     async def take(self) -> _Worker:
         """A fresh worker (never one that ran anything), replacing it in the pool; started on

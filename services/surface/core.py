@@ -61,6 +61,8 @@ MAX_QUERY_CHARS = 2000
 MODEL_CACHE_TTL_S = 5.0
 EMBED_BATCH = 16
 MAX_ALLOWED_CACHE = 256
+# Skipped names remembered so that each is logged once (see _compose).
+MAX_LOGGED_MISSING = 4096
 
 
 class ModelConfigs(Protocol):
@@ -382,9 +384,14 @@ class SurfaceCore:
             )
 
         surface = for_working_set(working, enforce=enforce_budget)
-        fresh = [n for n in surface.skipped if n not in self._state.logged_missing]
+        logged = self._state.logged_missing
+        fresh = [n for n in surface.skipped if n not in logged]
         if fresh:
-            self._state.logged_missing.update(fresh)
+            # Names of tools deleted since they were paged in come for as long as the service
+            # runs: past MAX_LOGGED_MISSING the set starts again (a name is then logged anew).
+            if len(logged) + len(fresh) > MAX_LOGGED_MISSING:
+                logged.clear()
+            logged.update(fresh)
             logger.info("surface skips names the caller's catalog lacks: %s", fresh)
         return surface, catalog, for_working_set
 
