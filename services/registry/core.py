@@ -778,17 +778,22 @@ def _unknown_fields(
     `patternProperties` name, in the object where they are (None when there are none)."""
     declared = [p for p in (schema.get("properties") or {}) if isinstance(p, str)]
     patterns = [p for p in (schema.get("patternProperties") or {}) if isinstance(p, str)]
-    extras = [
-        key
-        for key in itertools.islice(instance, 10 * MAX_COLLECTED_ERRORS)
-        if key not in declared and not any(schema_regex.SEARCH.search(p, key) for p in patterns)
-    ]
-    if not extras:
+    # Every field counted (the input is bounded in bytes, and RE2 is linear), the first few kept.
+    is_declared = set(declared).__contains__
+    first: list[str] = []
+    count = 0
+    for key in instance:
+        if is_declared(key) or any(schema_regex.SEARCH.search(p, key) for p in patterns):
+            continue
+        count += 1
+        if len(first) < MAX_LISTED_FIELDS:
+            first.append(key)
+    if not count:
         return None
     # At the root, a subschema's (allOf's) error is told against the tool's own fields.
     known = declared or ([] if where or patterns else list(props))
     alternatives = []
-    shown = [convert.clip(extra, MAX_MATCHED_CHARS) for extra in extras[:MAX_LISTED_FIELDS]]
+    shown = [convert.clip(extra, MAX_MATCHED_CHARS) for extra in first]
     for extra in shown:
         for match in difflib.get_close_matches(extra, known, n=2, cutoff=0.5):
             score = difflib.SequenceMatcher(None, extra, match).ratio()
@@ -797,7 +802,7 @@ def _unknown_fields(
     if patterns:
         matching = "names matching " + ", ".join(repr(convert.clip(p, 60)) for p in patterns[:3])
         allowed = f"{allowed}, {matching}" if allowed else matching
-    more = f" and {len(extras) - len(shown)} more" if len(extras) > len(shown) else ""
+    more = f" and {count - len(shown)} more" if count > len(shown) else ""
     listed = ", ".join(map(repr, shown))
     inside = f" in '{where}'" if where else ""
     return f"unknown field(s) {listed}{more}{inside} (allowed: {allowed or 'none'})", alternatives
