@@ -41,6 +41,7 @@ from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
 from tests.integration.conftest import Mesh, free_ports, start_mesh
 from tests.support.postgres import DEFAULT_DBNAME, PostgresServer, postgres_instance
+from tests.support.readonly import read_only
 from tests.support.waiting import wait_for
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -691,30 +692,6 @@ def sqlite_mesh(
     m = start_sqlite_mesh(tmp, db_dir, collector)
     yield m
     m.mesh.close()
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """`path` read-only for everyone: immutable (chattr +i) when we are root, whom file modes
-    do not stop; its mode 0444 otherwise."""
-    if os.geteuid() != 0:
-        mode = path.stat().st_mode
-        path.chmod(0o444)
-        try:
-            yield
-        finally:
-            path.chmod(mode)
-        return
-    chattr = shutil.which("chattr")
-    if chattr is None:
-        pytest.skip("running as root without chattr: no way to make a file read-only for root")
-    made = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i is not supported here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run([chattr, "-i", str(path)], check=True)
 
 
 def test_a_sqlite_file_made_read_only_refuses_writes_then_takes_them_again(

@@ -12,9 +12,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
-import subprocess
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +27,7 @@ from shared.db.engine import make_engine, session_factory, translate_db_errors, 
 from shared.db.inline import LoopConnection
 from shared.errors import Unavailable
 from tests.conftest import fresh_database_url
+from tests.support.readonly import read_only
 
 
 @pytest.fixture(scope="module")
@@ -121,29 +120,6 @@ def test_the_loop_connection_follows_its_file_when_it_is_replaced(db: Path, migr
         assert seeds_in(db) == {"after"}
     finally:
         loop_db.close()
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """`path` read-only even for root (chattr +i); mode 0444 for anyone else."""
-    if os.geteuid() != 0:
-        mode = path.stat().st_mode
-        path.chmod(0o444)
-        try:
-            yield
-        finally:
-            path.chmod(mode)
-        return
-    chattr = shutil.which("chattr")
-    if chattr is None:
-        pytest.skip("running as root without chattr: no way to make a file read-only for root")
-    made = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +i is not supported here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run([chattr, "-i", str(path)], check=True)
 
 
 def test_pooled_connections_refuse_writes_while_the_file_is_read_only_and_take_them_after(
