@@ -7,14 +7,18 @@ CLI sent."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
+from shared.cli.main import main as toolmesh
 from shared.errors import InvalidArgument
 from shared.rpc_errors import status_message, trailing_metadata
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -166,3 +170,35 @@ def hostile_mesh() -> Iterator[HostileMesh]:
         yield mesh
     finally:
         server.stop(None)
+
+
+SERVICES = ("REGISTRY", "DISPATCHER", "SANDBOX", "MCP_BRIDGE", "SURFACE")
+
+
+def point_cli_at(address: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The CLI's environment: no inherited TOOLMESH_/OTEL_ setting, every service at
+    `address`, a data directory of the test's own."""
+    for key in list(os.environ):
+        if key.startswith(("TOOLMESH_", "OTEL_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("TOOLMESH_DATA_DIR", str(tmp_path / "data"))
+    for service in SERVICES:
+        monkeypatch.setenv(f"TOOLMESH_{service}_ADDR", address)
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`toolmesh argv` in process: exit code, stdout, stderr (argparse's exits included)."""
+    try:
+        code = toolmesh(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from shared.cli import main as main_module
-from shared.cli.main import main as toolmesh
+from tests.unit.cli.hostile_mesh import one_error_line, run
 
 TOOLMESH = Path(sys.executable).parent / "toolmesh"
 NOT_UTF8 = b"\xff".decode("utf-8", "surrogateescape")  # what Python makes of argv byte 0xff
@@ -38,24 +38,6 @@ def dead_address() -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield f"127.0.0.1:{s.getsockname()[1]}"
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """`toolmesh argv` in process: exit code, stdout, stderr (argparse's exits included)."""
-    try:
-        code = toolmesh(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    return lines[0]
 
 
 # --- arguments that are not UTF-8 -------------------------------------------------------------

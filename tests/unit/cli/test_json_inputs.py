@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from shared.cli import UsageError, json_argument
-from shared.cli.main import main as toolmesh
 from shared.config import Settings
-from tests.unit.cli.hostile_mesh import HostileMesh, hostile_mesh
+from tests.unit.cli.hostile_mesh import HostileMesh, hostile_mesh, one_error_line, point_cli_at, run
 
-SERVICES = ("REGISTRY", "DISPATCHER", "SANDBOX", "MCP_BRIDGE", "SURFACE")
 ARGV_LIMIT = 128 * 1024  # MAX_ARG_STRLEN: the most one Linux command-line argument holds
 
 
@@ -37,29 +35,7 @@ def mesh(module_mesh: HostileMesh) -> HostileMesh:
 
 @pytest.fixture(autouse=True)
 def env(module_mesh: HostileMesh, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith(("TOOLMESH_", "OTEL_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("TOOLMESH_DATA_DIR", str(tmp_path / "data"))
-    for service in SERVICES:
-        monkeypatch.setenv(f"TOOLMESH_{service}_ADDR", module_mesh.address)
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = toolmesh(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    return lines[0]
+    point_cli_at(module_mesh.address, monkeypatch, tmp_path)
 
 
 def stdin_of(data: bytes, monkeypatch: pytest.MonkeyPatch) -> None:

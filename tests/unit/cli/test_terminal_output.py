@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 import pytest
 
 from shared.cli import render
-from shared.cli.main import main as toolmesh
 from shared.cli.render import json_text, terminal_text
 from shared.telemetry import semconv
 from tests.unit.cli.hostile_mesh import (
@@ -26,11 +24,12 @@ from tests.unit.cli.hostile_mesh import (
     REFUSED_TOOL,
     HostileMesh,
     hostile_mesh,
+    point_cli_at,
+    run,
 )
 
 # What a terminal acts on (stated here, not imported: the test locks the set).
 ACTED_ON = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-SERVICES = ("REGISTRY", "DISPATCHER", "SANDBOX", "MCP_BRIDGE", "SURFACE")
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +40,7 @@ def mesh() -> Iterator[HostileMesh]:
 
 @pytest.fixture(autouse=True)
 def env(mesh: HostileMesh, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith(("TOOLMESH_", "OTEL_")):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("TOOLMESH_DATA_DIR", str(tmp_path / "data"))
-    for service in SERVICES:
-        monkeypatch.setenv(f"TOOLMESH_{service}_ADDR", mesh.address)
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = toolmesh(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    point_cli_at(mesh.address, monkeypatch, tmp_path)
 
 
 def strings(value: Any) -> Iterator[str]:
