@@ -10,6 +10,7 @@ expression language cost about 1 ms of CPU per call, text about 0.2 ms."""
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import sqlite3
@@ -315,6 +316,28 @@ def _merge(parts: Sequence[Snapshot]) -> Snapshot:
     return merged
 
 
+@functools.lru_cache(maxsize=64)
+def _snapshot_statement(n_calls: int, n_prior: int) -> str:
+    """The snapshot statement for `n_calls` calls and `n_prior` prior tools (its text depends
+    on nothing else; built once per shape)."""
+    columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
+    for i in range(n_calls):
+        where = (
+            "FROM failed_approaches WHERE tenant_id = :t AND conversation_id = :c "
+            f"AND tool_name = :ft{i} AND identity_hash = :fh{i}"
+        )
+        columns += [f"(SELECT attempts {where})", f"(SELECT reason {where})"]
+    for i in range(n_prior):
+        columns.append(
+            "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
+            f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
+        )
+    return (
+        f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
+        "LEFT JOIN conversation_state s ON s.tenant_id = :t AND s.conversation_id = :c"
+    )
+
+
 class _SnapshotQuery:
     """One statement of a snapshot and the parsing of its row."""
 
@@ -328,25 +351,12 @@ class _SnapshotQuery:
         self.calls = list(dict.fromkeys(calls))
         self.prior = list(dict.fromkeys(prior_tools))
         params: dict[str, Any] = {"t": tenant_id, "c": conversation_id, "yes": True}
-        columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
         for i, (tool, identity) in enumerate(self.calls):
             params[f"ft{i}"], params[f"fh{i}"] = tool, identity
-            where = (
-                "FROM failed_approaches WHERE tenant_id = :t AND conversation_id = :c "
-                f"AND tool_name = :ft{i} AND identity_hash = :fh{i}"
-            )
-            columns += [f"(SELECT attempts {where})", f"(SELECT reason {where})"]
         for i, tool in enumerate(self.prior):
             params[f"p{i}"] = tool
-            columns.append(
-                "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
-                f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
-            )
         self.params = params
-        self.statement = (
-            f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
-            "LEFT JOIN conversation_state s ON s.tenant_id = :t AND s.conversation_id = :c"
-        )
+        self.statement = _snapshot_statement(len(self.calls), len(self.prior))
 
     def parse(self, row: list[Any]) -> Snapshot:
         snap = Snapshot(

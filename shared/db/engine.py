@@ -123,14 +123,17 @@ class SqliteFileIdentity:
 
     def changed(self, path: str) -> str | None:
         """What changed about the file at `path` since this identity was taken, or None."""
-        now = SqliteFileIdentity.of(path)
-        if now == self:
-            return None
-        if now is None:
+        # Compared field by field, no identity built: this runs before every commit.
+        try:
+            st = os.stat(path)
+        except OSError:
             return "it was deleted"
-        if (now.device, now.inode) != (self.device, self.inode):
+        if st.st_ino != self.inode or st.st_dev != self.device:
             return "it was replaced by another file"
-        return "it became writable" if now.writable else "it became read-only"
+        writable = os.access(path, os.W_OK)
+        if writable == self.writable:
+            return None
+        return "it became writable" if writable else "it became read-only"
 
 
 def sqlite_file_path(url: str) -> str | None:

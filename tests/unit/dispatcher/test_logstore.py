@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from sqlalchemy import Engine, Table, TextClause, insert, select, text
+from sqlalchemy import Engine, Table, TextClause, bindparam, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.dispatcher.guardrails import LoopState
@@ -111,6 +111,27 @@ def test_a_prepared_insert_stores_what_sqlalchemy_stores(engine: Engine) -> None
         del row["id"], row["tool_use_id"]
     assert ours == theirs
     assert ours["input_data"] == values["input_data"] and ours["success"] is False
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(2026, 12, 3, 12, 30, 1, 123456, tzinfo=UTC),
+        datetime(2026, 12, 3, 12, 30, 1, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+        datetime(1, 1, 1),
+        datetime(9999, 12, 31, 23, 59, 59, 999999),
+        date(2026, 2, 28),
+    ],
+)
+def test_a_prepared_timestamp_is_stored_as_sqlalchemy_stores_it(engine: Engine, when: Any) -> None:
+    """The same text in the column, byte for byte, whatever the value (the fast path takes a
+    datetime, a date goes through SQLAlchemy's own processor)."""
+    column_type = _LOG.c.created_at.type
+    statement = text("SELECT :at").bindparams(bindparam("at", type_=column_type))
+    ours = Prepared(statement, engine.dialect, many=False).parameters({"at": when})
+    theirs = column_type.dialect_impl(engine.dialect).bind_processor(engine.dialect)
+    expected = theirs(when) if theirs is not None else when
+    assert (ours[0] if isinstance(ours, tuple) else ours["at"]) == expected
 
 
 def test_a_statement_left_to_python_defaults_is_refused(engine: Engine) -> None:
