@@ -235,6 +235,11 @@ class Settings:
                         key for their administrative and mesh-internal RPCs and a key allowed
                         for the tenant elsewhere. Clients, and the services calling each other,
                         send TOOLMESH_API_KEY as `authorization: Bearer`.
+    retention_days      TOOLMESH_RETENTION_DAYS, default 0 (keep everything) — each dispatcher
+                        deletes the tool_execution_log rows and conversation_events (with their
+                        blobs) older than this many days (services/dispatcher/retention.py).
+    retention_interval_s  TOOLMESH_RETENTION_INTERVAL_S, default 3600 — how often it sweeps
+                        (the first sweep at start).
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd
@@ -307,6 +312,8 @@ class Settings:
     sandbox_uid: int = 65534
     sandbox_gid: int = 65534
     api_keys_file: str = ""
+    retention_days: float = 0.0
+    retention_interval_s: float = 3600.0
     trace_payloads: bool = False
     conversation_budget_usd: float = 0.0
     mcp_call_timeout_s: float = 120.0
@@ -401,6 +408,10 @@ class Settings:
             api_keys_file=env.get("TOOLMESH_API_KEYS_FILE", ""),
             trace_payloads=_bool(env.get("TOOLMESH_TRACE_PAYLOADS"), False),
             conversation_budget_usd=_float(env, "TOOLMESH_CONVERSATION_BUDGET_USD", 0.0),
+            retention_days=_bounded_float(env, "TOOLMESH_RETENTION_DAYS", 0.0, 0, 36_500),
+            retention_interval_s=_bounded_float(
+                env, "TOOLMESH_RETENTION_INTERVAL_S", 3600.0, 0.01, 7 * 86_400
+            ),
             mcp_call_timeout_s=_float(env, "TOOLMESH_MCP_CALL_TIMEOUT_S", 120.0),
             mcp_export_max_bytes=_bounded_int(
                 env, "TOOLMESH_MCP_EXPORT_MAX_BYTES", 1 << 30, 1 << 20, 1 << 50

@@ -7,6 +7,7 @@ import asyncio
 from services.dispatcher.core import Dispatcher
 from services.dispatcher.effects import ExportFiles, SqlEffectsStore
 from services.dispatcher.logstore import SqlCallLog
+from services.dispatcher.retention import LogRetention, RetentionSweeper
 from services.dispatcher.servicer import DispatcherServicer, GrpcRegistryGateway
 from services.dispatcher.statestore import SqlGuardrailStore
 from shared.auth import ApiKeys
@@ -49,8 +50,16 @@ async def serve(settings: Settings, port: int) -> None:
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
     keys = ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None
     servicer = DispatcherServicer(core, log, keys, ExportFiles(effects_store, settings.data_dir))
+    sweeper: RetentionSweeper | None = None
+    if settings.retention_days > 0:
+        sweeper = RetentionSweeper(
+            LogRetention(engine), settings.retention_days, settings.retention_interval_s
+        )
+        sweeper.start()
 
     async def on_stop() -> None:
+        if sweeper is not None:
+            await asyncio.to_thread(sweeper.close)
         await core.close()
         await clients.close()
         await asyncio.to_thread(log.close)

@@ -159,10 +159,36 @@ def cmd_seed(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "prune":
+        return _prune(args, settings)
+    if args.older_than is not None or args.dry_run:
+        raise UsageError("--older-than and --dry-run go with `db prune`")
     from shared.db.engine import upgrade
 
     upgrade(settings.database_url)
     echo(f"database at head: {settings.database_url}")
+    return EXIT_OK
+
+
+def _prune(args: argparse.Namespace, settings: Settings) -> int:
+    """`db prune`: one retention sweep against the configured database, as a dispatcher with
+    TOOLMESH_RETENTION_DAYS runs it (services/dispatcher/retention.py)."""
+    days = args.older_than if args.older_than is not None else settings.retention_days
+    if not 0 < days <= MAX_RETENTION_DAYS:  # NaN fails too
+        raise UsageError(
+            f"db prune needs --older-than DAYS (more than 0, at most {MAX_RETENTION_DAYS}) "
+            "or TOOLMESH_RETENTION_DAYS"
+            + (f"; got {days!r}" if args.older_than is not None else "")
+        )
+    from services.dispatcher.retention import LogRetention, cutoff_for
+    from shared.db.engine import make_engine
+
+    engine = make_engine(settings.database_url)
+    try:
+        report = LogRetention(engine).prune(cutoff_for(days), dry_run=args.dry_run)
+    finally:
+        engine.dispose()
+    echo(report.describe(dry_run=args.dry_run))
     return EXIT_OK
 
 
@@ -178,6 +204,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return run_up(args, settings)
 
 
+MAX_RETENTION_DAYS = 36_500
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -245,7 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_seed)
 
     p = sub.add_parser("db", help="database maintenance")
-    p.add_argument("action", choices=["upgrade"], help="upgrade: apply migrations up to head")
+    p.add_argument(
+        "action",
+        choices=["upgrade", "prune"],
+        help="upgrade: apply migrations up to head; prune: delete the call log's rows and "
+        "events older than --older-than days (default TOOLMESH_RETENTION_DAYS)",
+    )
+    p.add_argument("--older-than", type=float, metavar="DAYS", help="prune: the age to keep")
+    p.add_argument("--dry-run", action="store_true", help="prune: count, delete nothing")
     p.set_defaults(func=cmd_db)
 
     stats.add_subcommands(sub)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,79 @@ def test_db_upgrade_on_a_database_it_cannot_open_exits_2_naming_the_problem(
     assert done.stderr.splitlines() == [done.stderr.splitlines()[-1]], done.stderr  # one line
     assert done.stderr.startswith(f"error: {said}"), done.stderr
     assert "Traceback" not in done.stderr and "secret" not in done.stderr
+
+
+def test_db_prune_deletes_the_call_log_older_than_the_age_given(tmp_path: Path) -> None:
+    """`toolmesh db prune --older-than DAYS [--dry-run]` against the configured database, as a
+    dispatcher with TOOLMESH_RETENTION_DAYS sweeps it."""
+    from sqlalchemy import Table, func, insert, select
+
+    from shared.db.engine import make_engine, upgrade
+    from shared.db.models import ToolExecutionLogRow
+
+    url = f"sqlite:///{tmp_path}/toolmesh.db"
+    upgrade(url)
+    table: Table = ToolExecutionLogRow.__table__  # type: ignore[assignment]
+    now = datetime.now(UTC)
+    row = {
+        "tool_name": "ping",
+        "tenant_id": "t",
+        "user_id": "",
+        "conversation_id": "c",
+        "tool_use_id": "",
+        "args_hash": "",
+        "input_data": {},
+        "output_summary": "",
+        "success": True,
+        "error": None,
+        "execution_ms": 1.0,
+        "trace_id": "",
+    }
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(table),
+            [{**row, "created_at": now - timedelta(days=d)} for d in (40, 35, 1)],
+        )
+    env = clean_env(TOOLMESH_DATABASE_URL=url)
+
+    def left() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+    dry = toolmesh("db", "prune", "--older-than", "30", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("would delete 2 tool_execution_log row(s), 0 conversation_events")
+    assert left() == 3
+    done = toolmesh("db", "prune", "--older-than", "30", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("deleted 2 tool_execution_log row(s)"), done.stdout
+    assert left() == 1
+    # The age defaults to TOOLMESH_RETENTION_DAYS.
+    by_setting = toolmesh("db", "prune", env={**env, "TOOLMESH_RETENTION_DAYS": "0.5"})
+    assert by_setting.returncode == 0 and by_setting.stdout.startswith("deleted 1 ")
+    assert left() == 0
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["prune"], "db prune needs --older-than DAYS"),
+        (["prune", "--older-than", "0"], "got 0.0"),
+        (["prune", "--older-than", "-3"], "got -3.0"),
+        (["prune", "--older-than", "nan"], "got nan"),
+        (["prune", "--older-than", "1e9"], "at most 36500"),
+        (["upgrade", "--dry-run"], "--older-than and --dry-run go with `db prune`"),
+    ],
+)
+def test_db_prune_without_a_usable_age_is_a_usage_error(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    env = clean_env(TOOLMESH_DATABASE_URL=f"sqlite:///{tmp_path}/toolmesh.db")
+    done = toolmesh("db", *args, env=env)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 @on_sqlite_mesh

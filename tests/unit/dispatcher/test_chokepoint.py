@@ -28,7 +28,8 @@ ROW_BUILDERS = {
     ("services/dispatcher/effects.py", "CallEventBuffer.record"),
     ("services/dispatcher/logstore.py", "SqlEventRecorder.record"),
 }
-EVENT_TABLE_USERS = {"services/dispatcher/logstore.py"}
+# The call log writes and reads it; retention only deletes rows past their age.
+EVENT_TABLE_USERS = {"services/dispatcher/logstore.py", "services/dispatcher/retention.py"}
 # The recording proxies' one entry each on the dispatcher side.
 PROXY_CALLERS = {
     ("services/dispatcher/effects.py", "CallEffects.event"),

@@ -1,0 +1,190 @@
+"""Retention of the call log: the tool_execution_log rows and conversation_events (with their
+blobs) older than a cutoff are deleted, oldest first.
+
+Both tables grow with every call (about 1.5 KB a call of `ping`, far more for calls with big
+inputs or results) and nothing else ever deletes from them. With TOOLMESH_RETENTION_DAYS set,
+each dispatcher sweeps them every TOOLMESH_RETENTION_INTERVAL_S (RetentionSweeper);
+`toolmesh db prune --older-than DAYS` runs the same sweep once.
+
+A sweep walks each table in primary-key order (ids grow with time; conversation_events has no
+index on created_at, and adding one would cost every call's commit a page) in small
+transactions, so a SQLite writer (the dispatcher's own call log) waits at most one batch for
+the lock. It stops at the first row younger than the cutoff: a row stamped out of order (the
+clocks of two replicas writing one PostgreSQL database differ) goes in a later sweep, once the
+rows before it are old enough too. Every replica may sweep: deleting rows another replica
+already deleted deletes nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import cast
+
+from sqlalchemy import Engine, Table, delete, select
+
+from shared.db.engine import translate_db_errors
+from shared.db.models import ConversationEventBlobRow, ConversationEventRow, ToolExecutionLogRow
+from shared.errors import ToolmeshError
+
+logger = logging.getLogger(__name__)
+
+# Rows per transaction: a SQLite writer waits for at most one batch's delete.
+BATCH_ROWS = 500
+_LOG = cast(Table, ToolExecutionLogRow.__table__)
+_EVENTS = cast(Table, ConversationEventRow.__table__)
+_BLOBS = cast(Table, ConversationEventBlobRow.__table__)
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What one sweep deleted (or, in a dry run, would delete)."""
+
+    cutoff: datetime
+    log_rows: int = 0
+    events: int = 0
+    blobs: int = 0
+    complete: bool = True  # False when it was stopped before it was done
+
+    @property
+    def total(self) -> int:
+        return self.log_rows + self.events + self.blobs
+
+    def describe(self, *, dry_run: bool = False) -> str:
+        verb = "would delete" if dry_run else "deleted"
+        text = (
+            f"{verb} {self.log_rows} tool_execution_log row(s), {self.events} "
+            f"conversation_events and {self.blobs} event blob(s) from before "
+            f"{self.cutoff.isoformat(timespec='seconds')}"
+        )
+        return text if self.complete else text + " (stopped before the end)"
+
+
+def cutoff_for(days: float, now: datetime | None = None) -> datetime:
+    """The instant `days` days before `now` (UTC)."""
+    if not days > 0:
+        raise ValueError(f"a retention of {days!r} days keeps nothing: give more than 0")
+    return (now or datetime.now(UTC)) - timedelta(days=days)
+
+
+def _naive_utc(value: datetime) -> datetime:
+    """A stored timestamp comparable with any other: SQLite gives back the naive UTC value it
+    stored, PostgreSQL an aware one."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+class LogRetention:
+    """Deletes the call log's rows older than a cutoff (see the module's docstring)."""
+
+    def __init__(self, engine: Engine, *, batch_rows: int = BATCH_ROWS) -> None:
+        if batch_rows < 1:
+            raise ValueError("batch_rows must be at least 1")
+        self._engine = engine
+        self._batch = batch_rows
+
+    def prune(
+        self,
+        cutoff: datetime,
+        *,
+        dry_run: bool = False,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> PruneReport:
+        """Delete (or count, with `dry_run`) what is older than `cutoff`; `stop` is asked
+        between batches (a stopped sweep reports what it did so far)."""
+        limit = _naive_utc(cutoff)
+        log_rows, _, complete = self._sweep(_LOG, limit, dry_run, stop)
+        if not complete:
+            return PruneReport(cutoff, log_rows=log_rows, complete=False)
+        events, blobs, complete = self._sweep(_EVENTS, limit, dry_run, stop)
+        return PruneReport(cutoff, log_rows, events, blobs, complete)
+
+    def _sweep(
+        self,
+        table: Table,
+        limit: datetime,
+        dry_run: bool,
+        stop: Callable[[], bool],
+    ) -> tuple[int, int, bool]:
+        """Walk `table` oldest first, deleting its rows from before `limit` a batch per
+        transaction (an event's blob with it); (rows deleted, blobs deleted, whether it reached
+        the first younger row or the end of the table)."""
+        has_blob = "blob_id" in table.c
+        columns = [table.c.id, table.c.created_at] + ([table.c.blob_id] if has_blob else [])
+        after = 0
+        deleted = blobs = 0
+        while True:
+            if stop():
+                return deleted, blobs, False
+            with translate_db_errors(), self._engine.begin() as conn:
+                rows = conn.execute(
+                    select(*columns)
+                    .where(table.c.id > after)
+                    .order_by(table.c.id)
+                    .limit(self._batch)
+                ).all()
+                old = [row for row in rows if _naive_utc(row.created_at) < limit]
+                if old:
+                    ids = [row.id for row in old]
+                    if not dry_run:
+                        conn.execute(delete(table).where(table.c.id.in_(ids)))
+                    blob_ids = [row.blob_id for row in old if has_blob and row.blob_id is not None]
+                    if blob_ids and not dry_run:  # after the events that reference them
+                        conn.execute(delete(_BLOBS).where(_BLOBS.c.id.in_(blob_ids)))
+                    deleted += len(ids)
+                    blobs += len(blob_ids)
+            if len(old) < len(rows) or len(rows) < self._batch:
+                return deleted, blobs, True  # a younger row, or the end of the table
+            after = rows[-1].id
+
+
+class RetentionSweeper:
+    """Sweeps the call log every `interval_s` on a thread of its own (the first sweep at
+    once), deleting what is older than `days` days."""
+
+    def __init__(self, retention: LogRetention, days: float, interval_s: float) -> None:
+        cutoff_for(days)  # a retention that keeps nothing is refused here, not at each sweep
+        if not interval_s > 0:
+            raise ValueError(f"a retention sweep interval of {interval_s!r}s is not positive")
+        self._retention = retention
+        self._days = days
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sweeps = 0
+        self.last_report: PruneReport | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="log-retention", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop after the batch in progress, if any."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def sweep_once(self) -> PruneReport | None:
+        try:
+            report = self._retention.prune(cutoff_for(self._days), stop=self._stop.is_set)
+        except ToolmeshError as exc:  # the database is away: the next interval tries again
+            logger.warning("call log retention sweep failed: %s", exc.message)
+            return None
+        except Exception:  # the sweeper outlives any one sweep
+            logger.exception("call log retention sweep failed")
+            return None
+        self.sweeps += 1
+        self.last_report = report
+        if report.total:
+            logger.info("call log retention: %s", report.describe())
+        return report
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sweep_once()
+            self._stop.wait(self._interval_s)

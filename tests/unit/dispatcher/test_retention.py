@@ -1,0 +1,260 @@
+"""Call log retention (services/dispatcher/retention.py) on SQLite and PostgreSQL: what is older
+than the cutoff goes, oldest first, with the events' blobs; what is younger stays; a sweep
+works in batches, can be stopped between them, and a dry run deletes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, Table, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.dispatcher.logstore import BLOB_THRESHOLD, CallRecord, EventRecord, SqlCallLog
+from services.dispatcher.retention import (
+    LogRetention,
+    PruneReport,
+    RetentionSweeper,
+    cutoff_for,
+)
+from shared.db.engine import make_engine, session_factory, upgrade
+from shared.db.inline import LoopConnection
+from shared.db.models import ConversationEventBlobRow, ConversationEventRow, ToolExecutionLogRow
+from shared.errors import Unavailable
+from tests.support.waiting import wait_for
+
+_LOG: Table = ToolExecutionLogRow.__table__  # type: ignore[assignment]
+_EVENTS: Table = ConversationEventRow.__table__  # type: ignore[assignment]
+_BLOBS: Table = ConversationEventBlobRow.__table__  # type: ignore[assignment]
+
+NOW = datetime.now(UTC)
+BIG = "x" * (BLOB_THRESHOLD + 10)  # an event payload stored as a blob
+
+
+@pytest.fixture
+def log(sessions: sessionmaker[Session]) -> Iterator[SqlCallLog]:
+    call_log = SqlCallLog(sessions)
+    yield call_log
+    call_log.close()
+
+
+def record(tool_use_id: str, *, big: bool = False) -> CallRecord:
+    events = [EventRecord("tool_call", {"input": {"n": tool_use_id}}, tool_use_id)]
+    events.append(EventRecord("tool_result", {"content": BIG if big else "ok"}, tool_use_id))
+    return CallRecord(
+        tool_name="ping",
+        tenant_id="t1",
+        user_id="u1",
+        conversation_id="c1",
+        tool_use_id=tool_use_id,
+        args_hash="0123456789abcdef",
+        input_data={"n": tool_use_id},
+        output_summary="ok",
+        success=True,
+        error=None,
+        execution_ms=1.0,
+        trace_id="ab" * 16,
+        events=events,
+    )
+
+
+def write(log: SqlCallLog, *records: CallRecord) -> None:
+    async def go() -> None:
+        for r in records:  # one after the other: ids in this order
+            await log.write(r)
+
+    asyncio.run(go())
+
+
+def backdate(engine: Engine, tool_use_id: str, days: float) -> None:
+    """Stamp a call's log row and events `days` days ago."""
+    when = NOW - timedelta(days=days)
+    with engine.begin() as conn:
+        conn.execute(update(_LOG).where(_LOG.c.tool_use_id == tool_use_id).values(created_at=when))
+        conn.execute(
+            update(_EVENTS).where(_EVENTS.c.tool_use_id == tool_use_id).values(created_at=when)
+        )
+
+
+def ids_left(engine: Engine) -> tuple[list[str], list[str], int]:
+    """(log rows' tool_use_ids, events' tool_use_ids, blob count), oldest first."""
+    with engine.connect() as conn:
+        log_ids = [r[0] for r in conn.execute(select(_LOG.c.tool_use_id).order_by(_LOG.c.id))]
+        events = [r[0] for r in conn.execute(select(_EVENTS.c.tool_use_id).order_by(_EVENTS.c.id))]
+        blobs = conn.execute(select(func.count()).select_from(_BLOBS)).scalar_one()
+    return log_ids, events, int(blobs)
+
+
+def test_rows_older_than_the_cutoff_go_with_their_blobs_and_younger_ones_stay(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    write(log, record("old1", big=True), record("old2"), record("new1", big=True), record("new2"))
+    backdate(engine, "old1", 40)
+    backdate(engine, "old2", 31)
+    report = LogRetention(engine).prune(cutoff_for(30))
+    assert (report.log_rows, report.events, report.blobs, report.complete) == (2, 4, 1, True)
+    assert ids_left(engine) == (["new1", "new2"], ["new1", "new1", "new2", "new2"], 1)
+    # The remaining event's blob is the young call's, and still readable through its event.
+    with engine.connect() as conn:
+        blob_id = conn.execute(
+            select(_EVENTS.c.blob_id).where(_EVENTS.c.blob_id.is_not(None))
+        ).scalar_one()
+        assert conn.execute(select(_BLOBS.c.size_bytes).where(_BLOBS.c.id == blob_id)).scalar_one()
+    # Nothing more is old: a second sweep deletes nothing.
+    assert LogRetention(engine).prune(cutoff_for(30)).total == 0
+
+
+def test_a_dry_run_counts_and_deletes_nothing(log: SqlCallLog, engine: Engine) -> None:
+    write(log, record("old", big=True), record("new"))
+    backdate(engine, "old", 10)
+    report = LogRetention(engine).prune(cutoff_for(5), dry_run=True)
+    assert (report.log_rows, report.events, report.blobs) == (1, 2, 1)
+    assert "would delete 1 tool_execution_log row(s), 2 conversation_events" in report.describe(
+        dry_run=True
+    )
+    assert ids_left(engine) == (["old", "new"], ["old", "old", "new", "new"], 1)
+
+
+def test_a_sweep_works_in_batches_and_can_be_stopped_between_them(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    names = [f"old{i}" for i in range(7)]
+    write(log, *(record(n) for n in names), record("new"))
+    for n in names:
+        backdate(engine, n, 3)
+    batches: list[int] = []
+
+    def stop_after_two() -> bool:
+        batches.append(1)
+        return len(batches) > 2
+
+    small = LogRetention(engine, batch_rows=3)
+    first = small.prune(cutoff_for(1), stop=stop_after_two)
+    assert not first.complete and first.log_rows == 6 and first.events == 0
+    assert "stopped before the end" in first.describe()
+    rest = small.prune(cutoff_for(1))
+    assert rest.complete and (rest.log_rows, rest.events) == (1, 14)
+    assert ids_left(engine) == (["new"], ["new", "new"], 0)
+
+
+def test_a_row_stamped_out_of_order_goes_once_the_rows_before_it_are_old_too(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    """A sweep stops after the batch holding the first younger row (ids grow with time;
+    conversation_events has no index on created_at): an older row in a later batch waits for a
+    later sweep."""
+    write(log, record("a"), record("b"), record("c"))
+    backdate(engine, "a", 10)
+    backdate(engine, "b", 2)  # younger than the cutoff, before an older row
+    backdate(engine, "c", 10)
+    one_at_a_time = LogRetention(engine, batch_rows=1)
+    first = one_at_a_time.prune(cutoff_for(5))
+    assert (first.log_rows, first.events) == (1, 2)
+    assert ids_left(engine)[0] == ["b", "c"]
+    later = one_at_a_time.prune(cutoff_for(1))
+    assert (later.log_rows, later.events) == (2, 4)
+    assert ids_left(engine) == ([], [], 0)
+
+
+def test_an_empty_log_prunes_to_nothing(engine: Engine) -> None:
+    report = LogRetention(engine).prune(cutoff_for(1))
+    assert report == PruneReport(report.cutoff)
+
+
+@pytest.mark.parametrize("days", [0, -1, float("nan")])
+def test_a_retention_that_keeps_nothing_is_refused(engine: Engine, days: float) -> None:
+    with pytest.raises(ValueError, match="keeps nothing"):
+        cutoff_for(days)
+    with pytest.raises(ValueError, match="keeps nothing"):
+        RetentionSweeper(LogRetention(engine), days, 60)
+
+
+@pytest.mark.parametrize("interval", [0, -5, float("nan")])
+def test_a_sweep_interval_must_be_positive(engine: Engine, interval: float) -> None:
+    with pytest.raises(ValueError, match="not positive"):
+        RetentionSweeper(LogRetention(engine), 1, interval)
+
+
+def test_the_sweeper_sweeps_at_start_then_every_interval_and_stops_on_close(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    write(log, record("old"), record("new"))
+    backdate(engine, "old", 3)
+    sweeper = RetentionSweeper(LogRetention(engine), 1, 0.05)
+    sweeper.start()
+    try:
+        wait_for(lambda: ids_left(engine)[0] == ["new"], timeout=10)
+        write(log, record("later"))
+        backdate(engine, "later", 2)
+        wait_for(lambda: ids_left(engine)[:2] == (["new"], ["new", "new"]), timeout=10)
+        wait_for(lambda: sweeper.sweeps >= 2, timeout=10)
+    finally:
+        sweeper.close()
+    assert not any(t.name == "log-retention" for t in threading.enumerate())
+
+
+class _Failing:
+    """A retention whose database is away for its first sweeps."""
+
+    def __init__(self, inner: LogRetention, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    def prune(self, cutoff: datetime, **kw: Any) -> PruneReport:
+        if self.failures:
+            self.failures -= 1
+            raise Unavailable("database unavailable")
+        return self.inner.prune(cutoff, **kw)
+
+
+def test_a_failed_sweep_is_logged_and_the_next_interval_tries_again(
+    log: SqlCallLog, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(log, record("old"))
+    backdate(engine, "old", 3)
+    sweeper = RetentionSweeper(_Failing(LogRetention(engine), 2), 1, 0.05)  # type: ignore[arg-type]
+    assert sweeper.sweep_once() is None
+    assert "retention sweep failed: database unavailable" in caplog.text
+    sweeper.start()
+    try:
+        wait_for(lambda: ids_left(engine)[0] == [], timeout=10)
+    finally:
+        sweeper.close()
+
+
+def test_sweeping_beside_the_loops_commits_loses_no_call(tmp_path: Path) -> None:
+    """On a SQLite file, the dispatcher commits each call on its event loop without waiting
+    for the lock (falling back to its writer thread when the lock is held): a sweeper deleting
+    in a thread at the same time costs no write."""
+    url = f"sqlite:///{tmp_path}/swept.db"
+    upgrade(url)
+    engine = make_engine(url)
+    loop_db = LoopConnection.for_engine(engine)
+    log = SqlCallLog(session_factory(engine), loop_db=loop_db)
+    write(log, *(record(f"old{i}") for i in range(300)))
+    with engine.begin() as conn:
+        conn.execute(update(_LOG).values(created_at=NOW - timedelta(days=9)))
+        conn.execute(update(_EVENTS).values(created_at=NOW - timedelta(days=9)))
+    sweeper = RetentionSweeper(LogRetention(engine, batch_rows=7), 1, 0.001)
+    sweeper.start()
+    try:
+
+        async def calls() -> None:
+            await asyncio.gather(*(log.write(record(f"new{i}")) for i in range(300)))
+
+        asyncio.run(calls())
+        wait_for(lambda: [len(ids) for ids in ids_left(engine)[:2]] == [300, 600], timeout=20)
+    finally:
+        sweeper.close()
+        log.close()
+        assert loop_db is not None
+        loop_db.close()
+    log_ids, events, _ = ids_left(engine)
+    assert sorted(log_ids) == sorted(f"new{i}" for i in range(300))
+    assert len(events) == 600
+    engine.dispose()
