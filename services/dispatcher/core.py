@@ -545,6 +545,7 @@ class Dispatcher:
             execution_ms=0.0,
             trace_id=current_trace_id(),
             events=list(fx.events),
+            model=context.model,
         )
         try:
             await self._log.write(record)
@@ -982,6 +983,7 @@ class Dispatcher:
             "input_data": plan.inputs,
             "execution_ms": elapsed_ms,
             "trace_id": current_trace_id(),
+            "model": ctx.model,
         }
 
     def _outcome_event(

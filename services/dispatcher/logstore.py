@@ -123,6 +123,7 @@ class CallRecord:
     trace_id: str
     events: list[EventRecord] = field(default_factory=list)
     state_writes: list[StateWrite] = field(default_factory=list)
+    model: str = ""  # the conversation's model, as the call's context named it
 
 
 class ComingWrites:
@@ -168,6 +169,7 @@ class LogEntry:
     tool_use_id: str
     args_hash: str
     trace_id: str
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,7 @@ class CallLog(Protocol):
         limit: int,
         before_id: int = 0,
         max_bytes: int | None = None,
+        model: str = "",
     ) -> Page[LogEntry]: ...
     def page_events(
         self,
@@ -515,6 +518,7 @@ class SqlCallLog:
         limit: int,
         before_id: int = 0,
         max_bytes: int | None = None,
+        model: str = "",
     ) -> Page[LogEntry]:
         """Rows newest first, older than `before_id` when given: at most `limit`, and with
         `max_bytes` only as many as fit in it (their inputs counted up to
@@ -526,6 +530,8 @@ class SqlCallLog:
             stmt = stmt.where(ToolExecutionLogRow.tenant_id == tenant_id)
         if conversation_id:
             stmt = stmt.where(ToolExecutionLogRow.conversation_id == conversation_id)
+        if model:
+            stmt = stmt.where(ToolExecutionLogRow.model == model)
         if before_id > 0:
             stmt = stmt.where(ToolExecutionLogRow.id < before_id)
         stmt = stmt.order_by(ToolExecutionLogRow.id.desc()).limit(limit + 1)
@@ -550,6 +556,7 @@ class SqlCallLog:
                     tool_use_id=r.tool_use_id,
                     args_hash=r.args_hash,
                     trace_id=r.trace_id,
+                    model=r.model,
                 ),
                 size,
             )
@@ -745,6 +752,7 @@ _LOG_KEYS = (
     "execution_ms",
     "trace_id",
     "created_at",
+    "model",
 )
 _EVENT_KEYS = (
     "tenant_id",
@@ -796,6 +804,7 @@ def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[Call
                 "execution_ms": record.execution_ms,
                 "trace_id": record.trace_id,
                 "created_at": now,
+                "model": record.model,
             }
         )
         for event in record.events:

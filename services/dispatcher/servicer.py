@@ -583,6 +583,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                 ("tool_name", request.tool_name),
                 ("tenant_id", request.tenant_id),
                 ("conversation_id", request.conversation_id),
+                ("model", request.model),
             ]
         )
         limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
@@ -594,6 +595,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             limit=limit,
             before_id=max(request.before_id, 0),
             max_bytes=PAGE_BYTES,
+            model=request.model,
         )
         return dpb.ListExecutionLogResponse(
             next_before_id=page.next_id,
@@ -614,6 +616,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     args_hash=e.args_hash,
                     trace_id=e.trace_id,
                     created_at=convert.to_timestamp(e.created_at),
+                    model=e.model,
                 )
                 for e in page.entries
             ],

@@ -135,6 +135,7 @@ def cmd_log(args: argparse.Namespace, settings: Settings) -> int:
                 tool_name=args.tool or "",
                 tenant_id=args.tenant or "",
                 conversation_id=args.conversation or "",
+                model=args.model or "",
                 limit=args.limit,
             ),
             timeout=30,
@@ -262,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool", help="only this tool")
     p.add_argument("--tenant", help="only this tenant")
     p.add_argument("--conversation", help="only this conversation")
+    p.add_argument("--model", help="only calls whose context named this model")
     p.add_argument("--limit", type=limit, default=20, help="rows (default 20; at most 1000)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--dispatcher", help="dispatcher address (default: from config)")

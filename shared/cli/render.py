@@ -132,9 +132,10 @@ def print_log(entries: Sequence[Any], *, as_json: bool) -> None:
         mark = "ok " if e.success else "ERR"
         summary = terminal_text(e.error if not e.success and e.error else e.output_summary)
         summary = summary.replace("\n", " ")
+        model = f"  model={terminal_text(e.model)}" if e.model else ""
         echo(
             f"{when}  {mark}  {e.tool_name:<20} {e.execution_ms:8.1f} ms  "
-            f"{e.tenant_id}/{e.conversation_id}  trace={e.trace_id or '-'}  {summary[:80]}"
+            f"{e.tenant_id}/{e.conversation_id}{model}  trace={e.trace_id or '-'}  {summary[:80]}"
         )
     echo(f"({len(entries)} rows)")
 

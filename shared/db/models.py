@@ -137,6 +137,8 @@ class ToolExecutionLogRow(Base):
     execution_ms: Mapped[float] = mapped_column(Float, nullable=False, default=0.0)
     trace_id: Mapped[str] = mapped_column(String(32), nullable=False, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The conversation's model as the call's context named it; "" when it named none.
+    model: Mapped[str] = mapped_column(String(128), nullable=False, default="", server_default="")
 
     __table_args__ = (
         Index("ix_tool_execution_log_tool_tenant_created", "tool_name", "tenant_id", "created_at"),

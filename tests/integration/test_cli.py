@@ -278,6 +278,21 @@ def test_log_shows_the_latest_calls_of_one_tool(mesh: Mesh) -> None:
     assert all("ping" in row.split() for row in rows)
 
 
+@on_sqlite_mesh
+def test_log_filters_by_model_and_shows_it(mesh: Mesh) -> None:
+    dispatcher = mesh.address("dispatcher")
+    for model in ("model-a", "model-b", "model-a"):
+        done = toolmesh("call", "ping", "--conversation", "cli-models", "--model", model,
+                        "--dispatcher", dispatcher)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    done = toolmesh("log", "--model", "model-a", "--dispatcher", dispatcher)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "cli-models" in line]
+    assert len(rows) == 2 and all("model=model-a" in row for row in rows), done.stdout
+    as_json = toolmesh("log", "--model", "model-b", "--json", "--dispatcher", dispatcher)
+    assert [e["model"] for e in json.loads(as_json.stdout)] == ["model-b"]
+
+
 # --- toolmesh up ------------------------------------------------------------------------------
 
 

@@ -269,6 +269,40 @@ def test_every_call_writes_a_log_row_and_full_conversation_events(mesh: Mesh) ->
     assert result["envelope"] == "ok"
 
 
+def test_the_log_records_the_model_the_context_named_and_filters_by_it(mesh: Mesh) -> None:
+    """CallContext.model lands in the call's log row (refused calls included), so the log
+    answers per-model questions; ListExecutionLog filters by it."""
+    for model, tool, tool_input in (
+        ("claude-sonnet-4-5", "ping", '{"echo": 1}'),
+        ("claude-haiku-4-5", "ping", '{"echo": 2}'),
+        ("claude-haiku-4-5", "ping", "[not an object]"),  # refused before it ran
+        ("", "ping", '{"echo": 3}'),
+    ):
+        request = dpb.DispatchToolCallRequest(
+            tool_use=pb.ToolUse(name=tool, input_json=tool_input),
+            context=pb.CallContext(tenant_id="tenant-a", conversation_id="models", model=model),
+        )
+        try:
+            mesh.dispatcher.DispatchToolCall(request, timeout=60)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    log = mesh.dispatcher.ListExecutionLog(dpb.ListExecutionLogRequest(conversation_id="models"))
+    assert [(e.model, e.success) for e in log.entries] == [
+        ("", True),
+        ("claude-haiku-4-5", False),
+        ("claude-haiku-4-5", True),
+        ("claude-sonnet-4-5", True),
+    ]
+    haiku = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id="models", model="claude-haiku-4-5")
+    )
+    assert [e.success for e in haiku.entries] == [False, True]
+    with pytest.raises(grpc.RpcError) as caught:
+        mesh.dispatcher.ListExecutionLog(dpb.ListExecutionLogRequest(model="m" * 200))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model is 200 characters" in (caught.value.details() or "")
+
+
 def test_a_batch_runs_concurrently_and_answers_in_input_order(mesh: Mesh) -> None:
     uses = [
         pb.ToolUse(id=f"b{i}", name="ping", input_json=json.dumps({"echo": i, "delay_ms": 300}))

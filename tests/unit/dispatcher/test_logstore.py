@@ -95,6 +95,7 @@ def test_a_prepared_insert_stores_what_sqlalchemy_stores(engine: Engine) -> None
         "execution_ms": 0.125,
         "trace_id": "",
         "created_at": datetime(2026, 12, 3, 12, 30, 1, 123456, tzinfo=UTC),
+        "model": "claude-sonnet-4-5",
     }
     with engine.begin() as conn:
         conn.execute(insert(_LOG), [{**values, "tool_use_id": "by-sqlalchemy"}])

@@ -205,21 +205,23 @@ class CancelResponse(_message.Message):
     def __init__(self, cancelled_calls: _Optional[int] = ..., message: _Optional[str] = ..., cancelled_tool_use_ids: _Optional[_Iterable[str]] = ..., known_conversation: _Optional[bool] = ..., cancel_epoch: _Optional[int] = ...) -> None: ...
 
 class ListExecutionLogRequest(_message.Message):
-    __slots__ = ("tool_name", "tenant_id", "conversation_id", "limit", "before_id")
+    __slots__ = ("tool_name", "tenant_id", "conversation_id", "limit", "before_id", "model")
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     BEFORE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     tool_name: str
     tenant_id: str
     conversation_id: str
     limit: int
     before_id: int
-    def __init__(self, tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., limit: _Optional[int] = ..., before_id: _Optional[int] = ...) -> None: ...
+    model: str
+    def __init__(self, tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., limit: _Optional[int] = ..., before_id: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ExecutionLogEntry(_message.Message):
-    __slots__ = ("id", "tool_name", "tenant_id", "input_json", "output_summary", "success", "error", "execution_ms", "created_at", "conversation_id", "user_id", "tool_use_id", "args_hash", "trace_id", "input_truncated")
+    __slots__ = ("id", "tool_name", "tenant_id", "input_json", "output_summary", "success", "error", "execution_ms", "created_at", "conversation_id", "user_id", "tool_use_id", "args_hash", "trace_id", "input_truncated", "model")
     ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +237,7 @@ class ExecutionLogEntry(_message.Message):
     ARGS_HASH_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     tool_name: str
     tenant_id: str
@@ -250,7 +253,8 @@ class ExecutionLogEntry(_message.Message):
     args_hash: str
     trace_id: str
     input_truncated: bool
-    def __init__(self, id: _Optional[int] = ..., tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., input_json: _Optional[str] = ..., output_summary: _Optional[str] = ..., success: _Optional[bool] = ..., error: _Optional[str] = ..., execution_ms: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conversation_id: _Optional[str] = ..., user_id: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., args_hash: _Optional[str] = ..., trace_id: _Optional[str] = ..., input_truncated: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, id: _Optional[int] = ..., tool_name: _Optional[str] = ..., tenant_id: _Optional[str] = ..., input_json: _Optional[str] = ..., output_summary: _Optional[str] = ..., success: _Optional[bool] = ..., error: _Optional[str] = ..., execution_ms: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., conversation_id: _Optional[str] = ..., user_id: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., args_hash: _Optional[str] = ..., trace_id: _Optional[str] = ..., input_truncated: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListExecutionLogResponse(_message.Message):
     __slots__ = ("entries", "next_before_id")
