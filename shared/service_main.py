@@ -81,7 +81,31 @@ def loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | N
     return uvloop.new_event_loop
 
 
+def declare_asyncio_thread() -> Callable[[], None]:
+    """Tell sniffio, once, that this thread runs asyncio. anyio asks sniffio which async
+    library is running on every memory-stream send and receive, checkpoint, event and lock (the
+    MCP SDK's session goes through a dozen of them per tool call, and so do the HTTP clients),
+    and sniffio finds out by calling asyncio.current_task() each time unless a library declared
+    itself (its thread-local `name`, which trio-asyncio sets the same way): measured in the MCP
+    bridge, 7.6% of its CPU per MCP tool call; 0.73 against 0.14 µs per question. Only the thread
+    that runs the service's loop says so; worker threads still ask. Returns the undoing, for
+    when the loop is done."""
+    try:
+        import sniffio
+    except ImportError:  # anyio then asks asyncio directly, which is cheap
+        return lambda: None
+    local = sniffio.thread_local
+    before = local.name
+    local.name = "asyncio"
+
+    def undo() -> None:
+        local.name = before
+
+    return undo
+
+
 def run(main: Coroutine[Any, Any, None], *, event_loop: str = "uvloop") -> None:
+    undo = declare_asyncio_thread()
     try:
         with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
             runner.run(main)
@@ -93,3 +117,5 @@ def run(main: Coroutine[Any, Any, None], *, event_loop: str = "uvloop") -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         pass
+    finally:
+        undo()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from pathlib import Path
 
 import pytest
+import sniffio
 import uvloop
 
 from shared.config import Settings
@@ -44,6 +46,24 @@ def test_a_service_runs_on_the_loop_it_is_configured_with(
         assert not isinstance(loop, uvloop.Loop)
     else:
         assert isinstance(loop, loop_type)
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_the_loops_thread_tells_sniffio_it_runs_asyncio_and_only_that_thread(choice: str) -> None:
+    """anyio (the MCP SDK, HTTP clients) asks sniffio which library runs on every stream
+    operation: the service's loop thread answers from its thread-local at once."""
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        seen["loop thread"] = sniffio.thread_local.name
+        seen["library"] = sniffio.current_async_library()
+        seen["worker thread"] = await asyncio.to_thread(lambda: sniffio.thread_local.name)
+
+    thread = threading.Thread(target=run, args=(main(),), kwargs={"event_loop": choice})
+    thread.start()
+    thread.join(30)
+    assert seen == {"loop thread": "asyncio", "library": "asyncio", "worker thread": None}
+    assert sniffio.thread_local.name is None  # this (the test's) thread was left alone
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_collectors_reach() -> None:
