@@ -1,5 +1,7 @@
 """Retention of the call log: the tool_execution_log rows and conversation_events (with their
-blobs) older than a cutoff are deleted, oldest first.
+blobs) older than a cutoff are deleted, oldest first; and the state of conversations idle since
+before it (no call since: conversation_state.updated_at is its last call) with their datasets,
+working sets and failed approaches.
 
 Both tables grow with every call (about 1.5 KB a call of `ping`, far more for calls with big
 inputs or results) and nothing else ever deletes from them. With TOOLMESH_RETENTION_DAYS set,
@@ -11,8 +13,11 @@ index on created_at, and adding one would cost every call's commit a page) in sm
 transactions, so a SQLite writer (the dispatcher's own call log) waits at most one batch for
 the lock. It stops at the first row younger than the cutoff: a row stamped out of order (the
 clocks of two replicas writing one PostgreSQL database differ) goes in a later sweep, once the
-rows before it are old enough too. Every replica may sweep: deleting rows another replica
-already deleted deletes nothing."""
+rows before it are old enough too. Idle conversations are found by a walk of conversation_state
+(its ids follow creation, not activity, so the walk goes to the end), and each one's rows go in
+the transaction that deletes its state row, only if that row is still idle then: a conversation
+that takes a call during the sweep keeps everything. Every replica may sweep: deleting rows
+another replica already deleted deletes nothing. A conversation's exports (files) are kept."""
 
 from __future__ import annotations
 
@@ -21,12 +26,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Engine, Table, delete, select
+from sqlalchemy import Engine, Table, and_, delete, exists, func, or_, select
 
 from shared.db.engine import translate_db_errors
-from shared.db.models import ConversationEventBlobRow, ConversationEventRow, ToolExecutionLogRow
+from shared.db.models import (
+    ConversationDatasetRow,
+    ConversationEventBlobRow,
+    ConversationEventRow,
+    ConversationStateRow,
+    FailedApproachRow,
+    ToolExecutionLogRow,
+    WorkingSetEntryRow,
+)
 from shared.errors import ToolmeshError
 
 logger = logging.getLogger(__name__)
@@ -36,6 +49,14 @@ BATCH_ROWS = 500
 _LOG = cast(Table, ToolExecutionLogRow.__table__)
 _EVENTS = cast(Table, ConversationEventRow.__table__)
 _BLOBS = cast(Table, ConversationEventBlobRow.__table__)
+_STATE = cast(Table, ConversationStateRow.__table__)
+_DATASETS = cast(Table, ConversationDatasetRow.__table__)
+# What a conversation keeps besides its state row, deleted with it (its datasets counted).
+_CONVERSATION_TABLES = (
+    _DATASETS,
+    cast(Table, WorkingSetEntryRow.__table__),
+    cast(Table, FailedApproachRow.__table__),
+)
 
 
 @dataclass(frozen=True)
@@ -46,18 +67,22 @@ class PruneReport:
     log_rows: int = 0
     events: int = 0
     blobs: int = 0
+    conversations: int = 0  # idle conversations whose state went
+    datasets: int = 0  # of those conversations
     complete: bool = True  # False when it was stopped before it was done
 
     @property
     def total(self) -> int:
-        return self.log_rows + self.events + self.blobs
+        return self.log_rows + self.events + self.blobs + self.conversations
 
     def describe(self, *, dry_run: bool = False) -> str:
         verb = "would delete" if dry_run else "deleted"
         text = (
             f"{verb} {self.log_rows} tool_execution_log row(s), {self.events} "
             f"conversation_events and {self.blobs} event blob(s) from before "
-            f"{self.cutoff.isoformat(timespec='seconds')}"
+            f"{self.cutoff.isoformat(timespec='seconds')}, and the state of "
+            f"{self.conversations} conversation(s) idle since then with their "
+            f"{self.datasets} dataset(s)"
         )
         return text if self.complete else text + " (stopped before the end)"
 
@@ -100,7 +125,63 @@ class LogRetention:
         if not complete:
             return PruneReport(cutoff, log_rows=log_rows, complete=False)
         events, blobs, complete = self._sweep(_EVENTS, limit, dry_run, stop)
-        return PruneReport(cutoff, log_rows, events, blobs, complete)
+        if not complete:
+            return PruneReport(cutoff, log_rows, events, blobs, complete=False)
+        conversations, datasets, complete = self._sweep_idle(cutoff, dry_run, stop)
+        return PruneReport(cutoff, log_rows, events, blobs, conversations, datasets, complete)
+
+    def _sweep_idle(
+        self, cutoff: datetime, dry_run: bool, stop: Callable[[], bool]
+    ) -> tuple[int, int, bool]:
+        """Delete the conversations whose last call was before `cutoff`: their state rows and,
+        in the same transaction, their datasets, working sets and failed approaches (only for
+        the state rows still idle when deleted); (conversations, datasets, complete)."""
+        limit = _naive_utc(cutoff)
+        # In SQL: aware, whatever the session's time zone (a naive cutoff is taken as UTC).
+        before = cutoff.replace(tzinfo=UTC) if cutoff.tzinfo is None else cutoff.astimezone(UTC)
+        state = _STATE
+        columns = (state.c.id, state.c.tenant_id, state.c.conversation_id, state.c.updated_at)
+        after = 0
+        conversations = datasets = 0
+        while True:
+            if stop():
+                return conversations, datasets, False
+            with translate_db_errors(), self._engine.begin() as conn:
+                rows = conn.execute(
+                    select(*columns)
+                    .where(state.c.id > after)
+                    .order_by(state.c.id)
+                    .limit(self._batch)
+                ).all()
+                ids = [row.id for row in rows if _naive_utc(row.updated_at) < limit]
+                still_idle = and_(state.c.id.in_(ids), state.c.updated_at < before)
+                keys = (
+                    [
+                        (row.tenant_id, row.conversation_id)
+                        for row in conn.execute(
+                            select(state.c.tenant_id, state.c.conversation_id).where(still_idle)
+                        )
+                    ]
+                    if ids
+                    else []
+                )
+                if keys:
+                    if not dry_run:  # a conversation called since keeps its state
+                        conn.execute(delete(state).where(still_idle))
+                    for table in _CONVERSATION_TABLES:
+                        match = _of_conversations(table, keys)
+                        if not dry_run:  # only where the state row is gone
+                            match = and_(match, ~_has_state(table))
+                        if table is _DATASETS:
+                            datasets += conn.execute(
+                                select(func.count()).select_from(table).where(match)
+                            ).scalar_one()
+                        if not dry_run:
+                            conn.execute(delete(table).where(match))
+                    conversations += len(keys)
+            if len(rows) < self._batch:
+                return conversations, datasets, True
+            after = rows[-1].id
 
     def _sweep(
         self,
@@ -139,6 +220,24 @@ class LogRetention:
             if len(old) < len(rows) or len(rows) < self._batch:
                 return deleted, blobs, True  # a younger row, or the end of the table
             after = rows[-1].id
+
+
+def _of_conversations(table: Table, keys: list[tuple[str, str]]) -> Any:
+    """Rows of `table` belonging to any of the (tenant, conversation) `keys`."""
+    return or_(
+        *(
+            and_(table.c.tenant_id == tenant, table.c.conversation_id == conversation)
+            for tenant, conversation in keys
+        )
+    )
+
+
+def _has_state(table: Table) -> Any:
+    """Whether a row of `table` belongs to a conversation that has a state row."""
+    return exists().where(
+        _STATE.c.tenant_id == table.c.tenant_id,
+        _STATE.c.conversation_id == table.c.conversation_id,
+    )
 
 
 class RetentionSweeper:

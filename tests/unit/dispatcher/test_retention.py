@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, Table, func, select, update
+from sqlalchemy import Engine, Table, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.dispatcher.logstore import BLOB_THRESHOLD, CallRecord, EventRecord, SqlCallLog
@@ -24,7 +24,15 @@ from services.dispatcher.retention import (
 )
 from shared.db.engine import make_engine, session_factory, upgrade
 from shared.db.inline import LoopConnection
-from shared.db.models import ConversationEventBlobRow, ConversationEventRow, ToolExecutionLogRow
+from shared.db.models import (
+    ConversationDatasetRow,
+    ConversationEventBlobRow,
+    ConversationEventRow,
+    ConversationStateRow,
+    FailedApproachRow,
+    ToolExecutionLogRow,
+    WorkingSetEntryRow,
+)
 from shared.errors import Unavailable
 from tests.support.waiting import wait_for
 
@@ -258,3 +266,80 @@ def test_sweeping_beside_the_loops_commits_loses_no_call(tmp_path: Path) -> None
     assert sorted(log_ids) == sorted(f"new{i}" for i in range(300))
     assert len(events) == 600
     engine.dispose()
+
+
+# --- idle conversations ---------------------------------------------------------------------
+
+_STATE: Table = ConversationStateRow.__table__  # type: ignore[assignment]
+_DATASETS: Table = ConversationDatasetRow.__table__  # type: ignore[assignment]
+_WORKING: Table = WorkingSetEntryRow.__table__  # type: ignore[assignment]
+_FAILED: Table = FailedApproachRow.__table__  # type: ignore[assignment]
+
+
+def conversation(engine: Engine, tenant: str, name: str, idle_days: float, datasets: int) -> None:
+    """A conversation whose last call was `idle_days` ago, with `datasets` datasets, a working
+    set entry and a failed approach."""
+    when = NOW - timedelta(days=idle_days)
+    key = {"tenant_id": tenant, "conversation_id": name}
+    with engine.begin() as conn:
+        conn.execute(
+            insert(_STATE),
+            {**key, "call_seq": 3, "loop_hash": "", "loop_count": 0, "cancel_epoch": 0,
+             "updated_at": when},
+        )  # fmt: skip
+        for i in range(datasets):
+            conn.execute(
+                insert(_DATASETS),
+                {**key, "namespace_id": "", "name": f"d{i}", "arrow_ipc": b"x" * 1000, "rows": 1,
+                 "columns": [], "source": "", "created_at": when, "updated_at": when},
+            )  # fmt: skip
+        conn.execute(
+            insert(_WORKING), {**key, "namespace_id": "", "tool_name": "ping", "created_at": when}
+        )
+        conn.execute(
+            insert(_FAILED),
+            {**key, "tool_name": "ping", "identity_hash": "0" * 16, "reason": "r", "attempts": 1,
+             "first_failed_at": when, "last_failed_at": when},
+        )  # fmt: skip
+
+
+def conversations_left(engine: Engine) -> dict[str, list[tuple[str, str]]]:
+    with engine.connect() as conn:
+        return {
+            table.name: sorted(
+                (r[0], r[1])
+                for r in conn.execute(select(table.c.tenant_id, table.c.conversation_id))
+            )
+            for table in (_STATE, _DATASETS, _WORKING, _FAILED)
+        }
+
+
+def test_conversations_idle_since_the_cutoff_lose_their_state_and_datasets(engine: Engine) -> None:
+    conversation(engine, "t1", "idle", 10, datasets=2)
+    conversation(engine, "t2", "idle", 1, datasets=1)  # same name, another tenant, active
+    conversation(engine, "t1", "active", 0, datasets=1)
+    conversation(engine, "t1", "idle-too", 6, datasets=0)
+    dry = LogRetention(engine).prune(cutoff_for(5), dry_run=True)
+    assert (dry.conversations, dry.datasets) == (2, 2)
+    assert "the state of 2 conversation(s) idle since then with their 2 dataset(s)" in (
+        dry.describe(dry_run=True)
+    )
+    assert len(conversations_left(engine)["conversation_state"]) == 4
+    report = LogRetention(engine, batch_rows=1).prune(cutoff_for(5))
+    assert (report.conversations, report.datasets, report.complete) == (2, 2, True)
+    left = conversations_left(engine)
+    assert left["conversation_state"] == [("t1", "active"), ("t2", "idle")]
+    assert left["conversation_datasets"] == [("t1", "active"), ("t2", "idle")]
+    assert left["working_set_entries"] == [("t1", "active"), ("t2", "idle")]
+    assert left["failed_approaches"] == [("t1", "active"), ("t2", "idle")]
+    assert LogRetention(engine).prune(cutoff_for(5)).conversations == 0
+
+
+def test_a_conversation_called_again_keeps_its_datasets(engine: Engine) -> None:
+    """The dispatcher's next call of a conversation moves its last-call time: the sweep after it
+    leaves the conversation alone."""
+    conversation(engine, "t1", "c1", 10, datasets=1)  # record() logs to (t1, c1)
+    with engine.begin() as conn:  # the state the dispatcher writes on the next call
+        conn.execute(update(_STATE).values(updated_at=datetime.now(UTC)))
+    assert LogRetention(engine).prune(cutoff_for(5)).conversations == 0
+    assert conversations_left(engine)["conversation_datasets"] == [("t1", "c1")]
