@@ -53,7 +53,9 @@ async def serve(settings: Settings, port: int) -> None:
     sweeper: RetentionSweeper | None = None
     if settings.retention_days > 0:
         sweeper = RetentionSweeper(
-            LogRetention(engine), settings.retention_days, settings.retention_interval_s
+            LogRetention(engine, data_dir=settings.data_dir),
+            settings.retention_days,
+            settings.retention_interval_s,
         )
         sweeper.start()
 

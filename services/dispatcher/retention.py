@@ -1,7 +1,7 @@
 """Retention of the call log: the tool_execution_log rows and conversation_events (with their
 blobs) older than a cutoff are deleted, oldest first; and the state of conversations idle since
 before it (no call since: conversation_state.updated_at is its last call) with their datasets,
-working sets and failed approaches.
+working sets, failed approaches and exports.
 
 Both tables grow with every call (about 1.5 KB a call of `ping`, far more for calls with big
 inputs or results) and nothing else ever deletes from them. With TOOLMESH_RETENTION_DAYS set,
@@ -17,7 +17,9 @@ rows before it are old enough too. Idle conversations are found by a walk of con
 (its ids follow creation, not activity, so the walk goes to the end), and each one's rows go in
 the transaction that deletes its state row, only if that row is still idle then: a conversation
 that takes a call during the sweep keeps everything. Every replica may sweep: deleting rows
-another replica already deleted deletes nothing. A conversation's exports (files) are kept."""
+another replica already deleted deletes nothing. Given the data dir, an idle conversation's
+exports go too: their rows in that transaction, then their files under `exports/` that no
+other conversation's export names."""
 
 from __future__ import annotations
 
@@ -26,17 +28,21 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 from sqlalchemy import Engine, Table, and_, delete, exists, func, or_, select
 
+from services.dispatcher.effects import EXPORTS_DIR
 from shared.db.engine import translate_db_errors
 from shared.db.models import (
     ConversationDatasetRow,
     ConversationEventBlobRow,
     ConversationEventRow,
     ConversationStateRow,
+    ExportCatalogRow,
     FailedApproachRow,
+    GeneratedFileRow,
     ToolExecutionLogRow,
     WorkingSetEntryRow,
 )
@@ -52,11 +58,14 @@ _BLOBS = cast(Table, ConversationEventBlobRow.__table__)
 _STATE = cast(Table, ConversationStateRow.__table__)
 _DATASETS = cast(Table, ConversationDatasetRow.__table__)
 # What a conversation keeps besides its state row, deleted with it (its datasets counted).
+_FILES = cast(Table, GeneratedFileRow.__table__)
 _CONVERSATION_TABLES = (
     _DATASETS,
     cast(Table, WorkingSetEntryRow.__table__),
     cast(Table, FailedApproachRow.__table__),
 )
+# A conversation's exports: their rows go with it when the sweep may delete their files too.
+_EXPORT_TABLES = (cast(Table, ExportCatalogRow.__table__), _FILES)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ class PruneReport:
     blobs: int = 0
     conversations: int = 0  # idle conversations whose state went
     datasets: int = 0  # of those conversations
+    exports: int = 0  # export files of those conversations deleted
     complete: bool = True  # False when it was stopped before it was done
 
     @property
@@ -82,7 +92,7 @@ class PruneReport:
             f"conversation_events and {self.blobs} event blob(s) from before "
             f"{self.cutoff.isoformat(timespec='seconds')}, and the state of "
             f"{self.conversations} conversation(s) idle since then with their "
-            f"{self.datasets} dataset(s)"
+            f"{self.datasets} dataset(s) and {self.exports} export file(s)"
         )
         return text if self.complete else text + " (stopped before the end)"
 
@@ -105,10 +115,15 @@ def _naive_utc(value: datetime) -> datetime:
 class LogRetention:
     """Deletes the call log's rows older than a cutoff (see the module's docstring)."""
 
-    def __init__(self, engine: Engine, *, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(
+        self, engine: Engine, *, data_dir: Path | None = None, batch_rows: int = BATCH_ROWS
+    ) -> None:
+        """With `data_dir` (where the export files are), an idle conversation's exports go too,
+        their files with their rows; without it they are kept."""
         if batch_rows < 1:
             raise ValueError("batch_rows must be at least 1")
         self._engine = engine
+        self._data_dir = data_dir.resolve() if data_dir is not None else None
         self._batch = batch_rows
 
     def prune(
@@ -127,25 +142,28 @@ class LogRetention:
         events, blobs, complete = self._sweep(_EVENTS, limit, dry_run, stop)
         if not complete:
             return PruneReport(cutoff, log_rows, events, blobs, complete=False)
-        conversations, datasets, complete = self._sweep_idle(cutoff, dry_run, stop)
-        return PruneReport(cutoff, log_rows, events, blobs, conversations, datasets, complete)
+        idle = self._sweep_idle(cutoff, dry_run, stop)
+        return PruneReport(cutoff, log_rows, events, blobs, *idle)
 
     def _sweep_idle(
         self, cutoff: datetime, dry_run: bool, stop: Callable[[], bool]
-    ) -> tuple[int, int, bool]:
+    ) -> tuple[int, int, int, bool]:
         """Delete the conversations whose last call was before `cutoff`: their state rows and,
-        in the same transaction, their datasets, working sets and failed approaches (only for
-        the state rows still idle when deleted); (conversations, datasets, complete)."""
+        in the same transaction, their datasets, working sets, failed approaches and (with a
+        data dir) exports (only for the state rows still idle when deleted), then the export
+        files no row refers to any more; (conversations, datasets, export files, complete)."""
+        tables = _CONVERSATION_TABLES + (_EXPORT_TABLES if self._data_dir is not None else ())
         limit = _naive_utc(cutoff)
         # In SQL: aware, whatever the session's time zone (a naive cutoff is taken as UTC).
         before = cutoff.replace(tzinfo=UTC) if cutoff.tzinfo is None else cutoff.astimezone(UTC)
         state = _STATE
         columns = (state.c.id, state.c.tenant_id, state.c.conversation_id, state.c.updated_at)
         after = 0
-        conversations = datasets = 0
+        conversations = datasets = exports = 0
         while True:
             if stop():
-                return conversations, datasets, False
+                return conversations, datasets, exports, False
+            paths: list[str] = []
             with translate_db_errors(), self._engine.begin() as conn:
                 rows = conn.execute(
                     select(*columns)
@@ -168,7 +186,7 @@ class LogRetention:
                 if keys:
                     if not dry_run:  # a conversation called since keeps its state
                         conn.execute(delete(state).where(still_idle))
-                    for table in _CONVERSATION_TABLES:
+                    for table in tables:
                         match = _of_conversations(table, keys)
                         if not dry_run:  # only where the state row is gone
                             match = and_(match, ~_has_state(table))
@@ -176,12 +194,48 @@ class LogRetention:
                             datasets += conn.execute(
                                 select(func.count()).select_from(table).where(match)
                             ).scalar_one()
+                        if table is _FILES:
+                            paths += [r[0] for r in conn.execute(select(table.c.path).where(match))]
                         if not dry_run:
                             conn.execute(delete(table).where(match))
                     conversations += len(keys)
+            exports += self._delete_files(paths, dry_run)
             if len(rows) < self._batch:
-                return conversations, datasets, True
+                return conversations, datasets, exports, True
             after = rows[-1].id
+
+    def _delete_files(self, paths: list[str], dry_run: bool) -> int:
+        """Delete the export files at `paths` (relative to the data dir) that no remaining row
+        refers to (another conversation may have registered the same file) and that are where
+        exports live; the number deleted (or, in a dry run, that would be)."""
+        root = self._data_dir
+        if root is None or not paths:
+            return 0
+        unique = sorted(set(paths))
+        with translate_db_errors(), self._engine.connect() as conn:
+            kept = (
+                set()
+                if dry_run
+                else {
+                    r[0]
+                    for r in conn.execute(select(_FILES.c.path).where(_FILES.c.path.in_(unique)))
+                }
+            )
+        deleted = 0
+        for relative in unique:
+            if relative in kept:
+                continue
+            path = (root / relative).resolve()
+            if not path.is_relative_to(root / EXPORTS_DIR) or not path.is_file():
+                continue  # never outside the exports, nor what is already gone
+            if not dry_run:
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    logger.warning("could not delete the export file %s: %s", path, exc)
+                    continue
+            deleted += 1
+        return deleted
 
     def _sweep(
         self,

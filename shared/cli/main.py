@@ -186,7 +186,8 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = make_engine(settings.database_url)
     try:
-        report = LogRetention(engine).prune(cutoff_for(days), dry_run=args.dry_run)
+        retention = LogRetention(engine, data_dir=settings.data_dir)
+        report = retention.prune(cutoff_for(days), dry_run=args.dry_run)
     finally:
         engine.dispose()
     echo(report.describe(dry_run=args.dry_run))

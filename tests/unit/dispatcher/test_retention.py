@@ -29,7 +29,9 @@ from shared.db.models import (
     ConversationEventBlobRow,
     ConversationEventRow,
     ConversationStateRow,
+    ExportCatalogRow,
     FailedApproachRow,
+    GeneratedFileRow,
     ToolExecutionLogRow,
     WorkingSetEntryRow,
 )
@@ -343,3 +345,64 @@ def test_a_conversation_called_again_keeps_its_datasets(engine: Engine) -> None:
         conn.execute(update(_STATE).values(updated_at=datetime.now(UTC)))
     assert LogRetention(engine).prune(cutoff_for(5)).conversations == 0
     assert conversations_left(engine)["conversation_datasets"] == [("t1", "c1")]
+
+
+_FILES: Table = GeneratedFileRow.__table__  # type: ignore[assignment]
+_CATALOG: Table = ExportCatalogRow.__table__  # type: ignore[assignment]
+
+
+def export(engine: Engine, data_dir: Path, tenant: str, name: str, path: str) -> Path:
+    """An export of conversation (tenant, name): its file (unless outside the data dir) and its
+    generated_files and export_catalog rows."""
+    file = data_dir / path
+    if file.resolve().is_relative_to(data_dir):
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text("data")
+    file_id = f"{tenant}-{name}-{path}"
+    with engine.begin() as conn:
+        conn.execute(
+            insert(_FILES),
+            {"file_id": file_id, "tenant_id": tenant, "conversation_id": name,
+             "filename": Path(path).name, "path": path, "created_at": NOW},
+        )  # fmt: skip
+        conn.execute(
+            insert(_CATALOG),
+            {"tenant_id": tenant, "conversation_id": name, "namespace_id": "",
+             "name": Path(path).name, "file_id": file_id, "kind": "export", "created_at": NOW},
+        )  # fmt: skip
+    return file
+
+
+def test_an_idle_conversations_exports_go_with_their_files_unless_shared(
+    engine: Engine, tmp_path: Path
+) -> None:
+    data_dir = tmp_path.resolve()
+    conversation(engine, "t1", "idle", 10, datasets=0)
+    conversation(engine, "t1", "active", 0, datasets=0)
+    own = export(engine, data_dir, "t1", "idle", "exports/a/report.csv")
+    shared = export(engine, data_dir, "t1", "idle", "exports/shared/chart.png")
+    export(engine, data_dir, "t1", "active", "exports/shared/chart.png")
+    outside = data_dir / "toolmesh.db.keep"
+    outside.write_text("not an export")
+    export(engine, data_dir, "t1", "idle", "toolmesh.db.keep")  # a row naming a non-export
+
+    kept = LogRetention(engine).prune(cutoff_for(5))  # no data dir: exports are kept
+    assert (kept.conversations, kept.exports) == (1, 0)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(_FILES)).scalar_one() == 4
+    assert own.exists() and shared.exists()
+
+    conversation(engine, "t1", "idle", 10, datasets=0)  # idle again, now swept with its exports
+    report = LogRetention(engine, data_dir=data_dir).prune(cutoff_for(5))
+    assert (report.conversations, report.exports) == (1, 1)
+    assert "and 1 export file(s)" in report.describe()
+    assert not own.exists()
+    assert shared.exists()  # the active conversation's export of the same file
+    assert outside.exists()  # never anything outside the exports directory
+    with engine.connect() as conn:
+        left = sorted(
+            (r[0], r[1]) for r in conn.execute(select(_FILES.c.conversation_id, _FILES.c.path))
+        )
+        catalog = [r[0] for r in conn.execute(select(_CATALOG.c.conversation_id))]
+    assert left == [("active", "exports/shared/chart.png")]
+    assert catalog == ["active"]
