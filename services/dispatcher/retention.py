@@ -184,21 +184,28 @@ class LogRetention:
                     else []
                 )
                 if keys:
-                    if not dry_run:  # a conversation called since keeps its state
-                        conn.execute(delete(state).where(still_idle))
+                    # Counted by what the deletes removed: another replica sweeping at the same
+                    # time may have taken some first.
+                    conversations += (
+                        len(keys)
+                        if dry_run  # a conversation called since keeps its state:
+                        else _count(conn.execute(delete(state).where(still_idle)))
+                    )
                     for table in tables:
                         match = _of_conversations(table, keys)
                         if not dry_run:  # only where the state row is gone
                             match = and_(match, ~_has_state(table))
-                        if table is _DATASETS:
-                            datasets += conn.execute(
-                                select(func.count()).select_from(table).where(match)
-                            ).scalar_one()
                         if table is _FILES:
                             paths += [r[0] for r in conn.execute(select(table.c.path).where(match))]
-                        if not dry_run:
-                            conn.execute(delete(table).where(match))
-                    conversations += len(keys)
+                        if dry_run:
+                            if table is _DATASETS:
+                                datasets += conn.execute(
+                                    select(func.count()).select_from(table).where(match)
+                                ).scalar_one()
+                            continue
+                        removed = _count(conn.execute(delete(table).where(match)))
+                        if table is _DATASETS:
+                            datasets += removed
             exports += self._delete_files(paths, dry_run)
             if len(rows) < self._batch:
                 return conversations, datasets, exports, True
@@ -264,16 +271,24 @@ class LogRetention:
                 old = [row for row in rows if _naive_utc(row.created_at) < limit]
                 if old:
                     ids = [row.id for row in old]
-                    if not dry_run:
-                        conn.execute(delete(table).where(table.c.id.in_(ids)))
                     blob_ids = [row.blob_id for row in old if has_blob and row.blob_id is not None]
-                    if blob_ids and not dry_run:  # after the events that reference them
-                        conn.execute(delete(_BLOBS).where(_BLOBS.c.id.in_(blob_ids)))
-                    deleted += len(ids)
-                    blobs += len(blob_ids)
+                    if dry_run:
+                        deleted += len(ids)
+                        blobs += len(blob_ids)
+                    else:  # counted by what went: another replica may have taken some first
+                        deleted += _count(conn.execute(delete(table).where(table.c.id.in_(ids))))
+                        if blob_ids:  # after the events that reference them
+                            blobs += _count(
+                                conn.execute(delete(_BLOBS).where(_BLOBS.c.id.in_(blob_ids)))
+                            )
             if len(old) < len(rows) or len(rows) < self._batch:
                 return deleted, blobs, True  # a younger row, or the end of the table
             after = rows[-1].id
+
+
+def _count(result: Any) -> int:
+    """The rows a DELETE removed."""
+    return max(int(result.rowcount), 0)
 
 
 def _of_conversations(table: Table, keys: list[tuple[str, str]]) -> Any:

@@ -406,3 +406,40 @@ def test_an_idle_conversations_exports_go_with_their_files_unless_shared(
         catalog = [r[0] for r in conn.execute(select(_CATALOG.c.conversation_id))]
     assert left == [("active", "exports/shared/chart.png")]
     assert catalog == ["active"]
+
+
+def test_two_replicas_sweeping_at_once_delete_each_row_once(
+    log: SqlCallLog, engine: Engine
+) -> None:
+    """Replicas share the database: sweeping it together deletes everything old, nothing twice,
+    and no sweep fails on the other's deletions."""
+    names = [f"old{i}" for i in range(40)]
+    write(log, *(record(n, big=i % 5 == 0) for i, n in enumerate(names)), record("new"))
+    with engine.begin() as conn:
+        old = NOW - timedelta(days=9)
+        conn.execute(update(_LOG).where(_LOG.c.tool_use_id != "new").values(created_at=old))
+        conn.execute(update(_EVENTS).where(_EVENTS.c.tool_use_id != "new").values(created_at=old))
+    for i in range(20):
+        conversation(engine, "t9", f"idle{i}", 10, datasets=1)
+    reports: list[PruneReport] = []
+    errors: list[BaseException] = []
+
+    def sweep() -> None:
+        try:
+            reports.append(LogRetention(engine, batch_rows=3).prune(cutoff_for(5)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sum(r.log_rows for r in reports) == 40
+    assert sum(r.events for r in reports) == 80
+    assert sum(r.blobs for r in reports) == 8
+    assert sum(r.conversations for r in reports) == 20
+    assert sum(r.datasets for r in reports) == 20
+    assert ids_left(engine) == (["new"], ["new", "new"], 0)
+    assert conversations_left(engine)["conversation_datasets"] == []
