@@ -27,6 +27,7 @@ from shared.db.engine import make_engine, session_factory, translate_db_errors, 
 from shared.db.inline import LoopConnection
 from shared.errors import Unavailable
 from tests.conftest import fresh_database_url
+from tests.support.call_records import call_record
 from tests.support.readonly import read_only
 
 
@@ -192,21 +193,7 @@ def test_a_file_that_is_not_a_database_is_unavailable_not_an_internal_error(db: 
 
 def record(tool_use_id: str, payload_bytes: int = 0) -> CallRecord:
     data = {"text": "x" * payload_bytes}
-    return CallRecord(
-        tool_name="ping",
-        tenant_id="t1",
-        user_id="u1",
-        conversation_id="c1",
-        tool_use_id=tool_use_id,
-        args_hash="0123456789abcdef",
-        input_data={},
-        output_summary="ok",
-        success=True,
-        error=None,
-        execution_ms=1.0,
-        trace_id="ab" * 16,
-        events=[EventRecord("tool_result", data, tool_use_id)],
-    )
+    return call_record(tool_use_id, events=[EventRecord("tool_result", data, tool_use_id)])
 
 
 def test_a_call_log_write_on_a_full_database_says_so(db: Path) -> None:

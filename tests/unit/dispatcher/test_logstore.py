@@ -33,6 +33,7 @@ from shared.db.inline import LoopConnection
 from shared.db.models import ConversationEventRow, ToolExecutionLogRow
 from shared.db.prepared import Prepared
 from shared.errors import ToolmeshError
+from tests.support.call_records import call_record
 
 _LOG: Table = ToolExecutionLogRow.__table__  # type: ignore[assignment]
 
@@ -47,21 +48,12 @@ def log(sessions: sessionmaker[Session]) -> Iterator[SqlCallLog]:
 def record(tool_use_id: str, **kw: Any) -> CallRecord:
     fields: dict[str, Any] = {
         "tool_name": "query",
-        "tenant_id": "t1",
-        "user_id": "u1",
-        "conversation_id": "c1",
-        "tool_use_id": tool_use_id,
-        "args_hash": "0123456789abcdef",
         "input_data": {"sql": "SELECT 1", "nested": [1, 2.5, None, {"ü": "日本"}]},
-        "output_summary": "ok",
-        "success": True,
-        "error": None,
         "execution_ms": 1.25,
-        "trace_id": "ab" * 16,
         "events": [EventRecord("tool_call", {"input": {"sql": "SELECT 1"}}, tool_use_id)],
     }
     fields.update(kw)
-    return CallRecord(**fields)
+    return call_record(tool_use_id, **fields)
 
 
 def migrated_sqlite(tmp_path: Path, name: str) -> Engine:

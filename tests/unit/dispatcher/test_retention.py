@@ -36,6 +36,7 @@ from shared.db.models import (
     WorkingSetEntryRow,
 )
 from shared.errors import Unavailable
+from tests.support.call_records import call_record
 from tests.support.waiting import wait_for
 
 _LOG: Table = ToolExecutionLogRow.__table__  # type: ignore[assignment]
@@ -56,21 +57,7 @@ def log(sessions: sessionmaker[Session]) -> Iterator[SqlCallLog]:
 def record(tool_use_id: str, *, big: bool = False) -> CallRecord:
     events = [EventRecord("tool_call", {"input": {"n": tool_use_id}}, tool_use_id)]
     events.append(EventRecord("tool_result", {"content": BIG if big else "ok"}, tool_use_id))
-    return CallRecord(
-        tool_name="ping",
-        tenant_id="t1",
-        user_id="u1",
-        conversation_id="c1",
-        tool_use_id=tool_use_id,
-        args_hash="0123456789abcdef",
-        input_data={"n": tool_use_id},
-        output_summary="ok",
-        success=True,
-        error=None,
-        execution_ms=1.0,
-        trace_id="ab" * 16,
-        events=events,
-    )
+    return call_record(tool_use_id, input_data={"n": tool_use_id}, events=events)
 
 
 def write(log: SqlCallLog, *records: CallRecord) -> None:

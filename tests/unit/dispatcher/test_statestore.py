@@ -24,6 +24,7 @@ from services.dispatcher.statestore import (
 )
 from shared.db.models import ObservationRow
 from shared.errors import NotFound
+from tests.support.call_records import call_record
 
 
 @pytest.fixture
@@ -55,18 +56,13 @@ def a_rule(tenant: str = "t1", **kw: object) -> PolicyRule:
 def record(
     tool: str, *, success: bool = True, writes: list[StateWrite] | None = None
 ) -> CallRecord:
-    return CallRecord(
+    return call_record(
+        f"toolu_{tool}",
         tool_name=tool,
-        tenant_id="t1",
-        user_id="u1",
-        conversation_id="c1",
-        tool_use_id=f"toolu_{tool}",
         args_hash="0" * 16,
-        input_data={},
         output_summary="",
         success=success,
         error=None if success else "boom",
-        execution_ms=1.0,
         trace_id="",
         state_writes=writes or [],
     )
