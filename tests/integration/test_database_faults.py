@@ -241,6 +241,22 @@ def output_since(proc: ServiceProcess, mark: int) -> str:
     return "".join(proc.output[mark:])
 
 
+def wait_for_background_work(services: Services, surface: ServiceProcess, mark: int) -> None:
+    """The loops no call drives work again: the surface's periodic Tier-0 derivation (logged
+    after `mark` of its output) and the sandbox's job workers."""
+    wait_for(
+        lambda: "tier0 derived" in output_since(surface, mark),
+        10,
+        "the surface's periodic Tier-0 derivation to run again",
+    )
+    job_id = services.submit_job()
+    wait_for(
+        lambda: services.job_status(job_id) == spb.JOB_STATUS_FAILED,
+        15,
+        "the sandbox's job workers to pick up a job (it fails: no LLM is configured)",
+    )
+
+
 def assert_no_traceback(mesh: Mesh, *extra: ServiceProcess) -> None:
     for proc in (*mesh.processes.values(), *extra):
         text_ = "".join(proc.output)
@@ -525,17 +541,7 @@ def test_postgres_restarted_every_service_answers_unavailable_then_serves_again(
         result = final.result.result
         assert result.envelope.err.err_kind == "cancelled", result
 
-        wait_for(
-            lambda: "tier0 derived" in output_since(surface, restarted),
-            10,
-            "the surface's periodic Tier-0 derivation to run again",
-        )
-        job_id = services.submit_job()
-        wait_for(
-            lambda: services.job_status(job_id) == spb.JOB_STATUS_FAILED,
-            15,
-            "the sandbox's job workers to pick up a job (it fails: no LLM is configured)",
-        )
+        wait_for_background_work(services, surface, restarted)
         logged, events = call_rows(pg_mesh.url)
         assert slow_id in logged and events[slow_id] == {*CALL_EVENTS, "progress"}
         assert_no_traceback(m, pg_mesh.second_dispatcher)
@@ -770,17 +776,7 @@ def test_a_sqlite_file_replaced_by_one_that_is_not_a_database(sqlite_mesh: Sqlit
     sqlite_mesh.restore()
     restored = len(surface.output)
     assert_every_rpc_serves(services)
-    wait_for(
-        lambda: "tier0 derived" in output_since(surface, restored),
-        10,
-        "the surface's periodic Tier-0 derivation to run again",
-    )
-    job_id = services.submit_job()
-    wait_for(
-        lambda: services.job_status(job_id) == spb.JOB_STATUS_FAILED,
-        15,
-        "the sandbox's job workers to pick up a job (it fails: no LLM is configured)",
-    )
+    wait_for_background_work(services, surface, restored)
     assert_no_traceback(m)
 
 
