@@ -171,24 +171,18 @@ class LogRetention:
                     .order_by(state.c.id)
                     .limit(self._batch)
                 ).all()
-                ids = [row.id for row in rows if _naive_utc(row.updated_at) < limit]
-                still_idle = and_(state.c.id.in_(ids), state.c.updated_at < before)
-                keys = (
-                    [
-                        (row.tenant_id, row.conversation_id)
-                        for row in conn.execute(
-                            select(state.c.tenant_id, state.c.conversation_id).where(still_idle)
-                        )
-                    ]
-                    if ids
-                    else []
-                )
-                if keys:
+                idle = [row for row in rows if _naive_utc(row.updated_at) < limit]
+                if idle:
+                    keys = [(row.tenant_id, row.conversation_id) for row in idle]
                     # Counted by what the deletes removed: another replica sweeping at the same
-                    # time may have taken some first.
+                    # time may have taken some first. A conversation called since it was read
+                    # keeps its state row, and so (by _has_state) everything else.
+                    still_idle = and_(
+                        state.c.id.in_([row.id for row in idle]), state.c.updated_at < before
+                    )
                     conversations += (
                         len(keys)
-                        if dry_run  # a conversation called since keeps its state:
+                        if dry_run
                         else _count(conn.execute(delete(state).where(still_idle)))
                     )
                     for table in tables:
@@ -198,12 +192,15 @@ class LogRetention:
                         if table is _FILES:
                             paths += [r[0] for r in conn.execute(select(table.c.path).where(match))]
                         if dry_run:
-                            if table is _DATASETS:
-                                datasets += conn.execute(
+                            removed = (
+                                conn.execute(
                                     select(func.count()).select_from(table).where(match)
                                 ).scalar_one()
-                            continue
-                        removed = _count(conn.execute(delete(table).where(match)))
+                                if table is _DATASETS
+                                else 0
+                            )
+                        else:
+                            removed = _count(conn.execute(delete(table).where(match)))
                         if table is _DATASETS:
                             datasets += removed
             exports += self._delete_files(paths, dry_run)
