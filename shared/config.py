@@ -27,6 +27,8 @@ IMPLEMENTED_SERVICES: tuple[str, ...] = (
     "surface",
 )
 DEFAULT_COLLECTOR_PORT = 4317
+# The longest retention TOOLMESH_RETENTION_DAYS and `toolmesh db prune` take (a century).
+MAX_RETENTION_DAYS = 36_500
 
 
 def _bool(value: str | None, default: bool) -> bool:
@@ -409,7 +411,9 @@ class Settings:
             api_keys_file=env.get("TOOLMESH_API_KEYS_FILE", ""),
             trace_payloads=_bool(env.get("TOOLMESH_TRACE_PAYLOADS"), False),
             conversation_budget_usd=_float(env, "TOOLMESH_CONVERSATION_BUDGET_USD", 0.0),
-            retention_days=_bounded_float(env, "TOOLMESH_RETENTION_DAYS", 0.0, 0, 36_500),
+            retention_days=_bounded_float(
+                env, "TOOLMESH_RETENTION_DAYS", 0.0, 0, MAX_RETENTION_DAYS
+            ),
             retention_interval_s=_bounded_float(
                 env, "TOOLMESH_RETENTION_INTERVAL_S", 3600.0, 0.01, 7 * 86_400
             ),

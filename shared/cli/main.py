@@ -35,7 +35,7 @@ from shared.cli import export as export_cli
 from shared.cli import sandbox as sandbox_cli
 from shared.cli import surface as surface_cli
 from shared.cli.render import echo, echo_json, print_log, print_tools, print_trace, rpc_failure
-from shared.config import DEFAULT_COLLECTOR_PORT, Settings
+from shared.config import DEFAULT_COLLECTOR_PORT, MAX_RETENTION_DAYS, Settings
 from shared.errors import ToolmeshError
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
@@ -206,7 +206,6 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return run_up(args, settings)
 
 
-MAX_RETENTION_DAYS = 36_500
 TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
