@@ -239,8 +239,9 @@ class Settings:
                         send TOOLMESH_API_KEY as `authorization: Bearer`.
     retention_days      TOOLMESH_RETENTION_DAYS, default 0 (keep everything) — each dispatcher
                         deletes the tool_execution_log rows and conversation_events (with their
-                        blobs) older than this many days, and the state, datasets and exports
-                        of conversations with no call for as long (dispatcher/retention.py).
+                        blobs) older than this many days, the state, datasets and exports
+                        of conversations with no call for as long, and the usage_log rows as
+                        old but those of a conversation called since (dispatcher/retention.py).
     retention_interval_s  TOOLMESH_RETENTION_INTERVAL_S, default 3600 — how often it sweeps
                         (the first sweep at start).
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results

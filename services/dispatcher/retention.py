@@ -19,14 +19,19 @@ the transaction that deletes its state row, only if that row is still idle then:
 that takes a call during the sweep keeps everything. Every replica may sweep: deleting rows
 another replica already deleted deletes nothing. Given the data dir, an idle conversation's
 exports go too: their rows in that transaction, then their files under `exports/` that no
-other conversation's export names."""
+other conversation's export names.
+
+usage_log (what each call and LLM call cost) goes by the same cutoff, except the rows of a
+conversation still live (a state row updated since the cutoff): its whole history is what its
+budget (TOOLMESH_CONVERSATION_BUDGET_USD) adds up, and a sweep must not give a long-running
+conversation its money back. Rows of no conversation (a sandbox job's LLM calls) go by age."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -44,6 +49,7 @@ from shared.db.models import (
     FailedApproachRow,
     GeneratedFileRow,
     ToolExecutionLogRow,
+    UsageLogRow,
     WorkingSetEntryRow,
 )
 from shared.errors import ToolmeshError
@@ -56,6 +62,7 @@ _LOG = cast(Table, ToolExecutionLogRow.__table__)
 _EVENTS = cast(Table, ConversationEventRow.__table__)
 _BLOBS = cast(Table, ConversationEventBlobRow.__table__)
 _STATE = cast(Table, ConversationStateRow.__table__)
+_USAGE = cast(Table, UsageLogRow.__table__)
 _DATASETS = cast(Table, ConversationDatasetRow.__table__)
 # What a conversation keeps besides its state row, deleted with it (its datasets counted).
 _FILES = cast(Table, GeneratedFileRow.__table__)
@@ -79,11 +86,12 @@ class PruneReport:
     conversations: int = 0  # idle conversations whose state went
     datasets: int = 0  # of those conversations
     exports: int = 0  # export files of those conversations deleted
+    usage_rows: int = 0  # usage_log rows of no conversation or of one not live
     complete: bool = True  # False when it was stopped before it was done
 
     @property
     def total(self) -> int:
-        return self.log_rows + self.events + self.blobs + self.conversations
+        return self.log_rows + self.events + self.blobs + self.conversations + self.usage_rows
 
     def describe(self, *, dry_run: bool = False) -> str:
         verb = "would delete" if dry_run else "deleted"
@@ -92,7 +100,8 @@ class PruneReport:
             f"conversation_events and {self.blobs} event blob(s) from before "
             f"{self.cutoff.isoformat(timespec='seconds')}, and the state of "
             f"{self.conversations} conversation(s) idle since then with their "
-            f"{self.datasets} dataset(s) and {self.exports} export file(s)"
+            f"{self.datasets} dataset(s) and {self.exports} export file(s), and "
+            f"{self.usage_rows} usage_log row(s) of conversations not called since"
         )
         return text if self.complete else text + " (stopped before the end)"
 
@@ -110,6 +119,11 @@ def _naive_utc(value: datetime) -> datetime:
     if value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
     return value
+
+
+def _aware_utc(value: datetime) -> datetime:
+    """An instant for SQL: aware, whatever the session's time zone (naive is taken as UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class LogRetention:
@@ -142,8 +156,14 @@ class LogRetention:
         events, blobs, complete = self._sweep(_EVENTS, limit, dry_run, stop)
         if not complete:
             return PruneReport(cutoff, log_rows, events, blobs, complete=False)
-        idle = self._sweep_idle(cutoff, dry_run, stop)
-        return PruneReport(cutoff, log_rows, events, blobs, *idle)
+        conversations, datasets, exports, complete = self._sweep_idle(cutoff, dry_run, stop)
+        done = PruneReport(cutoff, log_rows, events, blobs, conversations, datasets, exports)
+        if not complete:
+            return replace(done, complete=False)
+        usage_rows, _, complete = self._sweep(
+            _USAGE, limit, dry_run, stop, keep=_live_conversation(_USAGE, cutoff)
+        )
+        return replace(done, usage_rows=usage_rows, complete=complete)
 
     def _sweep_idle(
         self, cutoff: datetime, dry_run: bool, stop: Callable[[], bool]
@@ -154,8 +174,7 @@ class LogRetention:
         files no row refers to any more; (conversations, datasets, export files, complete)."""
         tables = _CONVERSATION_TABLES + (_EXPORT_TABLES if self._data_dir is not None else ())
         limit = _naive_utc(cutoff)
-        # In SQL: aware, whatever the session's time zone (a naive cutoff is taken as UTC).
-        before = cutoff.replace(tzinfo=UTC) if cutoff.tzinfo is None else cutoff.astimezone(UTC)
+        before = _aware_utc(cutoff)
         state = _STATE
         columns = (state.c.id, state.c.tenant_id, state.c.conversation_id, state.c.updated_at)
         after = 0
@@ -247,10 +266,13 @@ class LogRetention:
         limit: datetime,
         dry_run: bool,
         stop: Callable[[], bool],
+        *,
+        keep: Any = None,
     ) -> tuple[int, int, bool]:
         """Walk `table` oldest first, deleting its rows from before `limit` a batch per
-        transaction (an event's blob with it); (rows deleted, blobs deleted, whether it reached
-        the first younger row or the end of the table)."""
+        transaction (an event's blob with it), except those matching `keep` (a SQL condition);
+        (rows deleted, blobs deleted, whether it reached the first younger row or the end of
+        the table)."""
         has_blob = "blob_id" in table.c
         columns = [table.c.id, table.c.created_at] + ([table.c.blob_id] if has_blob else [])
         after = 0
@@ -269,11 +291,18 @@ class LogRetention:
                 if old:
                     ids = [row.id for row in old]
                     blob_ids = [row.blob_id for row in old if has_blob and row.blob_id is not None]
-                    if dry_run:
+                    match = (
+                        table.c.id.in_(ids) if keep is None else and_(table.c.id.in_(ids), ~keep)
+                    )
+                    if dry_run and keep is not None:
+                        deleted += conn.execute(
+                            select(func.count()).select_from(table).where(match)
+                        ).scalar_one()
+                    elif dry_run:
                         deleted += len(ids)
                         blobs += len(blob_ids)
                     else:  # counted by what went: another replica may have taken some first
-                        deleted += _count(conn.execute(delete(table).where(table.c.id.in_(ids))))
+                        deleted += _count(conn.execute(delete(table).where(match)))
                         if blob_ids:  # after the events that reference them
                             blobs += _count(
                                 conn.execute(delete(_BLOBS).where(_BLOBS.c.id.in_(blob_ids)))
@@ -295,6 +324,16 @@ def _of_conversations(table: Table, keys: list[tuple[str, str]]) -> Any:
             and_(table.c.tenant_id == tenant, table.c.conversation_id == conversation)
             for tenant, conversation in keys
         )
+    )
+
+
+def _live_conversation(table: Table, cutoff: datetime) -> Any:
+    """Whether a row of `table` belongs to a conversation called since `cutoff` (its state
+    row updated since)."""
+    return exists().where(
+        _STATE.c.tenant_id == table.c.tenant_id,
+        _STATE.c.conversation_id == table.c.conversation_id,
+        _STATE.c.updated_at >= _aware_utc(cutoff),
     )
 
 

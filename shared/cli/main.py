@@ -277,8 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "action",
         choices=["upgrade", "prune"],
-        help="upgrade: apply migrations up to head; prune: delete the call log's rows and "
-        "events older than --older-than days (default TOOLMESH_RETENTION_DAYS)",
+        help="upgrade: apply migrations up to head; prune: delete the call log's rows, "
+        "events and usage older than --older-than days (default TOOLMESH_RETENTION_DAYS) and "
+        "the state of conversations idle for as long",
     )
     p.add_argument("--older-than", type=float, metavar="DAYS", help="prune: the age to keep")
     p.add_argument("--dry-run", action="store_true", help="prune: count, delete nothing")

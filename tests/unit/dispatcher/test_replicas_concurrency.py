@@ -298,15 +298,15 @@ async def test_a_cancel_stops_every_call_in_flight_on_both_replicas(
     ]
     for i in range(10):
         await asyncio.wait_for((a, b)[i % 2].registry.started_event(f"k{i}").wait(), 10)
-    began = time.monotonic()
     # A cancel on each replica at once, and new calls racing them.
     racing = [
         asyncio.create_task((a, b)[i % 2].core.dispatch(use(f"x{i}", echo=i), ctx()))
         for i in range(6)
     ]
     cancels = await asyncio.gather(a.core.cancel("t1", "c1"), b.core.cancel("t1", "c1"))
-    outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    assert time.monotonic() - began < 2
+    # Uncancelled, each call would run 30 s; the watchers poll every 0.1 s. No tighter bound
+    # than this: a timing assertion fails on a loaded machine, and proves nothing more.
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert [kind(o.result) for o in outcomes] == ["cancelled"] * 10
     assert sorted(a.registry.cancelled + b.registry.cancelled) == sorted(f"k{i}" for i in range(10))
     assert all(c.known_conversation for c in cancels)

@@ -33,9 +33,11 @@ from shared.db.models import (
     FailedApproachRow,
     GeneratedFileRow,
     ToolExecutionLogRow,
+    UsageLogRow,
     WorkingSetEntryRow,
 )
 from shared.errors import Unavailable
+from shared.telemetry.usage import SqlUsageLog
 from tests.support.call_records import call_record
 from tests.support.waiting import wait_for
 
@@ -332,6 +334,53 @@ def test_a_conversation_called_again_keeps_its_datasets(engine: Engine) -> None:
         conn.execute(update(_STATE).values(updated_at=datetime.now(UTC)))
     assert LogRetention(engine).prune(cutoff_for(5)).conversations == 0
     assert conversations_left(engine)["conversation_datasets"] == [("t1", "c1")]
+
+
+_USAGE: Table = UsageLogRow.__table__  # type: ignore[assignment]
+
+
+def usage(engine: Engine, tenant: str, name: str, days: float, cost: float) -> None:
+    """A usage_log row of conversation (tenant, name) (of none when `name` is ""), `days` old."""
+    with engine.begin() as conn:
+        conn.execute(
+            insert(_USAGE),
+            {"tenant_id": tenant, "conversation_id": name, "tool_name": "ask", "kind": "llm",
+             "cost_usd": cost, "created_at": NOW - timedelta(days=days)},
+        )  # fmt: skip
+
+
+def test_old_usage_goes_except_a_live_conversations_which_its_budget_adds_up(
+    engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    conversation(engine, "t1", "live", 0, datasets=0)
+    conversation(engine, "t1", "idle", 45, datasets=0)
+    names = ("live", "idle", "", "no-state")
+    for name in names:  # ids follow time, as they do when the rows are written
+        usage(engine, "t1", name, 40, 1.0)
+    usage(engine, "t2", "live", 40, 1.0)  # another tenant's conversation of that name: not live
+    for name in names:
+        usage(engine, "t1", name, 1, 0.25)
+    spent = SqlUsageLog(sessions).conversation_spent
+    assert spent("t1", "live") == 1.25
+
+    dry = LogRetention(engine).prune(cutoff_for(30), dry_run=True)
+    assert dry.usage_rows == 4
+    assert "and 4 usage_log row(s) of conversations not called since" in dry.describe(dry_run=True)
+    report = LogRetention(engine, batch_rows=2).prune(cutoff_for(30))
+    assert (report.usage_rows, report.complete) == (4, True)
+    with engine.connect() as conn:
+        left = sorted(
+            (r[0], r[1], r[2])
+            for r in conn.execute(
+                select(_USAGE.c.tenant_id, _USAGE.c.conversation_id, _USAGE.c.cost_usd)
+            )
+        )
+    assert left == [
+        ("t1", "", 0.25), ("t1", "idle", 0.25), ("t1", "live", 0.25), ("t1", "live", 1.0),
+        ("t1", "no-state", 0.25),
+    ]  # fmt: skip
+    assert spent("t1", "live") == 1.25  # the live conversation's budget still counts it all
+    assert LogRetention(engine).prune(cutoff_for(30)).usage_rows == 0
 
 
 _FILES: Table = GeneratedFileRow.__table__  # type: ignore[assignment]
