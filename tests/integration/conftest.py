@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shutil
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,15 +151,38 @@ def collector() -> Iterator[tuple[MemorySpanSink, int]]:
     thread.stop()
 
 
+@contextmanager
+def backend_mesh(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    collector: tuple[MemorySpanSink, int],
+    label: str,
+    extra_env: Mapping[str, str] | None = None,
+    services: Sequence[str] = (),
+) -> Iterator[Mesh]:
+    """The mesh of a fixture parametrized by BACKENDS (request.param), on a fresh database in
+    a temporary directory named after `label`, with each of `services` (mcp_bridge, sandbox,
+    surface...) started too on a free port, its address in TOOLMESH_<SERVICE>_ADDR; stopped
+    when the block ends."""
+    tmp = tmp_path_factory.mktemp(f"{label}-{request.param}")
+    url = fresh_database_url(request, request.param, str(tmp))
+    sink, collector_port = collector
+    env = dict(extra_env or {})
+    also = list(zip(services, free_ports(len(services)), strict=True))
+    for name, port in also:
+        env[f"TOOLMESH_{name.upper()}_ADDR"] = f"127.0.0.1:{port}"
+    mesh = start_mesh(request.param, url, tmp, sink, collector_port, env, also=also)
+    try:
+        yield mesh
+    finally:
+        mesh.close()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def mesh(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
-    tmp = tmp_path_factory.mktemp(f"mesh-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = collector
-    m = start_mesh(request.param, url, tmp, sink, port)
-    yield m
-    m.close()
+    with backend_mesh(request, tmp_path_factory, collector, "mesh") as m:
+        yield m

@@ -24,8 +24,8 @@ from shared.telemetry.collector import (
     MemorySpanSink,
     ReceivedSpan,
 )
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh
 from tests.support.fake_anthropic import FakeAnthropic, Reply, overloaded, rate_limited
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -56,24 +56,14 @@ def cost_mesh(
     collector: tuple[MemorySpanSink, int],
     fake_llm: FakeAnthropic,
 ) -> Iterator[Mesh]:
-    tmp = tmp_path_factory.mktemp(f"cost-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = collector
-    mesh = start_mesh(
-        request.param,
-        url,
-        tmp,
-        sink,
-        port,
-        extra_env={
-            "ANTHROPIC_API_KEY": "test-key",
-            "ANTHROPIC_BASE_URL": fake_llm.base_url,
-            "OTEL_METRIC_EXPORT_INTERVAL": "300",
-            "TOOLMESH_CONVERSATION_BUDGET_USD": str(CONVERSATION_CEILING),
-        },
-    )
-    yield mesh
-    mesh.close()
+    env = {
+        "ANTHROPIC_API_KEY": "test-key",
+        "ANTHROPIC_BASE_URL": fake_llm.base_url,
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+        "TOOLMESH_CONVERSATION_BUDGET_USD": str(CONVERSATION_CEILING),
+    }
+    with backend_mesh(request, tmp_path_factory, collector, "cost", env) as mesh:
+        yield mesh
 
 
 def dispatch(

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shared.telemetry.collector import MemorySpanSink
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, free_ports, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh
 from tests.integration.test_mcp_bridge import RAW, ROOT, bridge, connected, stdio, wait_for
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -33,20 +33,11 @@ def gated_mesh(
     collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
     """The mesh with an MCP bridge gating tools declared destructive behind GATE."""
-    tmp = tmp_path_factory.mktemp(f"mcp-admin-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, collector_port = collector
-    (port,) = free_ports(1)
-    extra_env = {
-        "TOOLMESH_MCP_BRIDGE_ADDR": f"127.0.0.1:{port}",
-        "TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY": GATE,
-        "PYTHONPATH": ROOT,
-    }
-    mesh = start_mesh(
-        request.param, url, tmp, sink, collector_port, extra_env, also=[("mcp_bridge", port)]
-    )
-    yield mesh
-    mesh.close()
+    env = {"TOOLMESH_MCP_DESTRUCTIVE_CAPABILITY": GATE, "PYTHONPATH": ROOT}
+    with backend_mesh(
+        request, tmp_path_factory, collector, "mcp-admin", env, services=["mcp_bridge"]
+    ) as mesh:
+        yield mesh
 
 
 def called(

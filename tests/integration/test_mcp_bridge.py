@@ -20,8 +20,8 @@ import pytest
 from shared.launcher import start_service
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink, ReceivedSpan
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, free_ports, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh, free_ports
 from tests.mcp_servers.install import NotInstallable, server_everything
 from tests.support.waiting import wait_for
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
@@ -128,11 +128,7 @@ def mcp_mesh(
     tmp_path_factory: pytest.TempPathFactory,
     collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
-    tmp = tmp_path_factory.mktemp(f"mcp-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, collector_port = collector
-    (port,) = free_ports(1)
-    catalog = tmp / "mcp_catalog.json"
+    catalog = tmp_path_factory.mktemp(f"mcp-catalog-{request.param}") / "mcp_catalog.json"
     catalog.write_text(
         json.dumps(
             [
@@ -146,17 +142,15 @@ def mcp_mesh(
             ]
         )
     )
-    extra_env = {
-        "TOOLMESH_MCP_BRIDGE_ADDR": f"127.0.0.1:{port}",
+    env = {
         "TOOLMESH_MCP_CATALOG": str(catalog),
         "TOOLMESH_MCP_RESTART_BACKOFF_S": "0.2",
         "PYTHONPATH": ROOT,
     }
-    mesh = start_mesh(
-        request.param, url, tmp, sink, collector_port, extra_env, also=[("mcp_bridge", port)]
-    )
-    yield mesh
-    mesh.close()
+    with backend_mesh(
+        request, tmp_path_factory, collector, "mcp", env, services=["mcp_bridge"]
+    ) as mesh:
+        yield mesh
 
 
 def bridge(mesh: Mesh) -> mcp_bridge_pb2_grpc.McpBridgeServiceStub:

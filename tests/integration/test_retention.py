@@ -13,8 +13,8 @@ from sqlalchemy import Table, func, select, update
 from shared.db.engine import make_engine
 from shared.db.models import ConversationEventRow, ToolExecutionLogRow
 from shared.telemetry.collector import MemorySpanSink
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -29,13 +29,9 @@ def swept_mesh(
     tmp_path_factory: pytest.TempPathFactory,
     collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
-    tmp = tmp_path_factory.mktemp(f"retention-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = collector
     env = {"TOOLMESH_RETENTION_DAYS": "1", "TOOLMESH_RETENTION_INTERVAL_S": "0.2"}
-    mesh = start_mesh(request.param, url, tmp, sink, port, env)
-    yield mesh
-    mesh.close()
+    with backend_mesh(request, tmp_path_factory, collector, "retention", env) as mesh:
+        yield mesh
 
 
 def test_the_dispatcher_sweeps_what_is_older_than_the_retention(swept_mesh: Mesh) -> None:

@@ -22,8 +22,8 @@ from shared.db.models import ToolJobRow
 from shared.launcher import ServiceProcess, start_service
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, free_ports, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh
 from tests.support.fake_anthropic import FakeAnthropic, Reply, running_fake
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -48,12 +48,7 @@ def smesh(
     fake_llm: FakeAnthropic,
 ) -> Iterator[Mesh]:
     """The mesh plus a sandbox process the registry routes custom tools to."""
-    tmp = tmp_path_factory.mktemp(f"sandbox-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = collector
-    (sandbox_port,) = free_ports(1)
     extra = {
-        "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}",
         "TOOLMESH_SANDBOX_WALL_S": "10",
         "TOOLMESH_SANDBOX_CPU_S": "5",
         "TOOLMESH_TOOL_CACHE_TTL_S": "0",
@@ -61,11 +56,10 @@ def smesh(
         "ANTHROPIC_API_KEY": "test-key",
         "ANTHROPIC_BASE_URL": fake_llm.base_url,
     }
-    m = start_mesh(
-        request.param, url, tmp, sink, port, extra_env=extra, also=[("sandbox", sandbox_port)]
-    )
-    yield m
-    m.close()
+    with backend_mesh(
+        request, tmp_path_factory, collector, "sandbox", extra, services=["sandbox"]
+    ) as m:
+        yield m
 
 
 def sandbox(m: Mesh) -> sandbox_pb2_grpc.SandboxServiceStub:

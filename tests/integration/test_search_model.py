@@ -21,8 +21,8 @@ import pytest
 
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry.collector import MemorySpanSink
-from tests.conftest import BACKENDS, fresh_database_url
-from tests.integration.conftest import Mesh, free_ports, start_mesh
+from tests.conftest import BACKENDS
+from tests.integration.conftest import Mesh, backend_mesh
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.surface.v1 import surface_pb2 as spb
@@ -42,24 +42,11 @@ def smesh(
     tmp_path_factory: pytest.TempPathFactory,
     collector: tuple[MemorySpanSink, int],
 ) -> Iterator[Mesh]:
-    tmp = tmp_path_factory.mktemp(f"search-model-{request.param}")
-    url = fresh_database_url(request, request.param, str(tmp))
-    sink, port = collector
-    (surface_port,) = free_ports(1)
-    mesh = start_mesh(
-        request.param,
-        url,
-        tmp,
-        sink,
-        port,
-        # Lexical search is enough here, and spares loading the embedding model.
-        extra_env={
-            "TOOLMESH_SURFACE_ADDR": f"127.0.0.1:{surface_port}",
-            "TOOLMESH_SURFACE_EMBEDDINGS": "0",
-        },
-        also=[("surface", surface_port)],
-    )
-    try:
+    # Lexical search is enough here, and spares loading the embedding model.
+    env = {"TOOLMESH_SURFACE_EMBEDDINGS": "0"}
+    with backend_mesh(
+        request, tmp_path_factory, collector, "search-model", env, services=["surface"]
+    ) as mesh:
         mesh.registry.UpsertTools(
             rpb.UpsertToolsRequest(
                 tools=[
@@ -98,8 +85,6 @@ def smesh(
             assert time.monotonic() < deadline, "the surface never saw web_search"
             time.sleep(0.05)
         yield mesh
-    finally:
-        mesh.close()
 
 
 def surface(mesh: Mesh) -> surface_pb2_grpc.SurfaceServiceStub:
