@@ -222,28 +222,25 @@ class LogRetention:
                             removed = _count(conn.execute(delete(table).where(match)))
                         if table is _DATASETS:
                             datasets += removed
-            exports += self._delete_files(paths, dry_run)
+            exports += self._delete_files(paths, before, dry_run)
             if len(rows) < self._batch:
                 return conversations, datasets, exports, True
             after = rows[-1].id
 
-    def _delete_files(self, paths: list[str], dry_run: bool) -> int:
+    def _delete_files(self, paths: list[str], before: datetime, dry_run: bool) -> int:
         """Delete the export files at `paths` (relative to the data dir) that no remaining row
         refers to (another conversation may have registered the same file) and that are where
-        exports live; the number deleted (or, in a dry run, that would be)."""
+        exports live; the number deleted (or, in a dry run, that would be: the files no
+        conversation the sweep keeps refers to)."""
         root = self._data_dir
         if root is None or not paths:
             return 0
         unique = sorted(set(paths))
+        named = _FILES.c.path.in_(unique)
+        if dry_run:  # the rows are all still there: those of conversations not idle stay
+            named = and_(named, ~_idle_conversation(_FILES, before))
         with translate_db_errors(), self._engine.connect() as conn:
-            kept = (
-                set()
-                if dry_run
-                else {
-                    r[0]
-                    for r in conn.execute(select(_FILES.c.path).where(_FILES.c.path.in_(unique)))
-                }
-            )
+            kept = {r[0] for r in conn.execute(select(_FILES.c.path).where(named))}
         deleted = 0
         for relative in unique:
             if relative in kept:
@@ -334,6 +331,16 @@ def _live_conversation(table: Table, cutoff: datetime) -> Any:
         _STATE.c.tenant_id == table.c.tenant_id,
         _STATE.c.conversation_id == table.c.conversation_id,
         _STATE.c.updated_at >= _aware_utc(cutoff),
+    )
+
+
+def _idle_conversation(table: Table, before: datetime) -> Any:
+    """Whether a row of `table` belongs to a conversation idle since `before` (its state row
+    last updated before it): one a sweep deletes."""
+    return exists().where(
+        _STATE.c.tenant_id == table.c.tenant_id,
+        _STATE.c.conversation_id == table.c.conversation_id,
+        _STATE.c.updated_at < before,
     )
 
 

@@ -429,6 +429,10 @@ def test_an_idle_conversations_exports_go_with_their_files_unless_shared(
     assert own.exists() and shared.exists()
 
     conversation(engine, "t1", "idle", 10, datasets=0)  # idle again, now swept with its exports
+    # A dry run counts what the sweep deletes: not the file the active conversation names.
+    dry = LogRetention(engine, data_dir=data_dir).prune(cutoff_for(5), dry_run=True)
+    assert (dry.conversations, dry.exports) == (1, 1)
+    assert own.exists() and shared.exists()
     report = LogRetention(engine, data_dir=data_dir).prune(cutoff_for(5))
     assert (report.conversations, report.exports) == (1, 1)
     assert "and 1 export file(s)" in report.describe()
