@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, and_, delete, exists, func, or_, select
+from sqlalchemy import ColumnElement, Engine, Table, and_, delete, exists, func, or_, select
 
 from services.dispatcher.effects import EXPORTS_DIR
 from shared.db.engine import translate_db_errors
@@ -236,7 +236,7 @@ class LogRetention:
         if root is None or not paths:
             return 0
         unique = sorted(set(paths))
-        named = _FILES.c.path.in_(unique)
+        named: ColumnElement[bool] = _FILES.c.path.in_(unique)
         if dry_run:  # the rows are all still there: those of conversations not idle stay
             named = and_(named, ~_idle_conversation(_FILES, before))
         with translate_db_errors(), self._engine.connect() as conn:
