@@ -29,6 +29,8 @@ IMPLEMENTED_SERVICES: tuple[str, ...] = (
 DEFAULT_COLLECTOR_PORT = 4317
 # The longest retention TOOLMESH_RETENTION_DAYS and `toolmesh db prune` take (a century).
 MAX_RETENTION_DAYS = 36_500
+# How long a dispatched call waits for one database operation (TOOLMESH_DB_WAIT_S).
+DEFAULT_DB_WAIT_S = 15.0
 
 
 def _bool(value: str | None, default: bool) -> bool:
@@ -244,6 +246,10 @@ class Settings:
                         old but those of a conversation called since (dispatcher/retention.py).
     retention_interval_s  TOOLMESH_RETENTION_INTERVAL_S, default 3600 — how often it sweeps
                         (the first sweep at start).
+    db_wait_s           TOOLMESH_DB_WAIT_S, default 15 (0.1 to 3600) — the dispatcher answers a
+                        call UNAVAILABLE (DATABASE_UNAVAILABLE) when one database operation of
+                        it has not answered within this long (a frozen server or host), instead
+                        of holding it until its deadline.
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd
@@ -318,6 +324,7 @@ class Settings:
     api_keys_file: str = ""
     retention_days: float = 0.0
     retention_interval_s: float = 3600.0
+    db_wait_s: float = DEFAULT_DB_WAIT_S
     trace_payloads: bool = False
     conversation_budget_usd: float = 0.0
     mcp_call_timeout_s: float = 120.0
@@ -418,6 +425,7 @@ class Settings:
             retention_interval_s=_bounded_float(
                 env, "TOOLMESH_RETENTION_INTERVAL_S", 3600.0, 0.01, 7 * 86_400
             ),
+            db_wait_s=_bounded_float(env, "TOOLMESH_DB_WAIT_S", DEFAULT_DB_WAIT_S, 0.1, 3600),
             mcp_call_timeout_s=_float(env, "TOOLMESH_MCP_CALL_TIMEOUT_S", 120.0),
             mcp_export_max_bytes=_bounded_int(
                 env, "TOOLMESH_MCP_EXPORT_MAX_BYTES", 1 << 30, 1 << 20, 1 << 50

@@ -33,7 +33,7 @@ async def serve(settings: Settings, port: int) -> None:
     engine = make_engine(settings.database_url)
     sessions = session_factory(engine)
     loop_db = LoopConnection.for_engine(engine)  # the loop's reads and writes share its cache
-    log = SqlCallLog(sessions, loop_db=loop_db)
+    log = SqlCallLog(sessions, loop_db=loop_db, wait_s=settings.db_wait_s)
     clients = MeshClients(dict(settings.addresses))
     effects_store = SqlEffectsStore(engine)
     core = Dispatcher(
@@ -46,6 +46,7 @@ async def serve(settings: Settings, port: int) -> None:
         conversation_budget_usd=settings.conversation_budget_usd,
         data_dir=settings.data_dir,
         effects_store=effects_store,
+        db_wait_s=settings.db_wait_s,
     )
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
     keys = ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None

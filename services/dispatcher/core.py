@@ -61,8 +61,10 @@ from services.dispatcher.statestore import (
     rate_rules,
 )
 from shared import convert
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract.effects import DisplayHandle, Effect
 from shared.contract.effects_cards import finalize_turn_cards
+from shared.db.engine import bounded_db_wait
 from shared.errors import DeadlineExceeded, InvalidArgument, ToolmeshError
 from shared.telemetry.tracing import current_trace_id, span_attributes, with_call_baggage
 from shared.telemetry.usage import UsageLog
@@ -203,10 +205,12 @@ class RuleCache:
         store: GuardrailStore,
         ttl_s: float = RULE_CACHE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
         self._store = store
         self._ttl_s = ttl_s
         self._clock = clock
+        self._db_wait_s = db_wait_s
         self._expires = float("-inf")
         self._by_tenant: dict[str, list[PolicyRule]] = {}
         self._rules: list[PolicyRule] = []
@@ -219,7 +223,11 @@ class RuleCache:
         if self._clock() >= self._expires:
             async with self._lock:
                 if self._clock() >= self._expires:
-                    rules = await asyncio.to_thread(self._store.list_rules, "", False)
+                    rules = await bounded_db_wait(
+                        asyncio.to_thread(self._store.list_rules, "", False),
+                        self._db_wait_s,
+                        "a query of the policy rules",
+                    )
                     self._rules = rules
                     self._by_tenant = {}
                     self._expires = self._clock() + self._ttl_s
@@ -328,8 +336,12 @@ class Dispatcher:
         conversation_budget_usd: float = 0.0,
         data_dir: Path | None = None,
         effects_store: EffectsStore | None = None,
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
+        """`db_wait_s`: how long a call waits for one of the guardrail store's operations
+        before it answers UNAVAILABLE (shared.db.engine.bounded_db_wait)."""
         self._registry = registry
+        self._db_wait_s = db_wait_s
         self._usage = usage
         self._conversation_budget_usd = conversation_budget_usd
         self._log = log
@@ -338,7 +350,7 @@ class Dispatcher:
         self._max_input_bytes = max_input_bytes
         self._clock = clock
         self._wall_clock = wall_clock
-        self._rules = RuleCache(store, rule_cache_ttl_s, clock)
+        self._rules = RuleCache(store, rule_cache_ttl_s, clock, db_wait_s)
         self._timeouts = ToolTimeouts(registry, timeout_s, clock=clock)
         self._store_pool = ThreadPoolExecutor(store_threads, thread_name_prefix="guardrail-store")
         self._inflight = InflightCalls(self._read_epochs, poll_interval_s=poll_interval_s)
@@ -347,11 +359,14 @@ class Dispatcher:
         # Calls running toward their log write (a call log may group its commits by them).
         self.coming_writes = ComingWrites(clock)
 
-    def _run_store(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Run a blocking store call on the store's few threads: a handful of threads keep the
-        connection pool and the GIL uncontended under load (measured: at 32 calls in flight,
-        the default executor's threads cost about twice the CPU per read)."""
-        return asyncio.get_running_loop().run_in_executor(self._store_pool, fn, *args)
+    async def _run_store(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking store call on the store's few threads (a handful of threads keep the
+        connection pool and the GIL uncontended under load; measured: at 32 calls in flight,
+        the default executor's threads cost about twice the CPU per read), waiting for it at
+        most `db_wait_s`."""
+        operation = asyncio.get_running_loop().run_in_executor(self._store_pool, fn, *args)
+        what = f"a {getattr(fn, '__name__', 'guardrail store')} query"
+        return await bounded_db_wait(operation, self._db_wait_s, what)
 
     async def _read_epochs(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
         return await self._run_store(self._store.cancel_epochs, keys)

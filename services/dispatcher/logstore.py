@@ -22,9 +22,11 @@ from sqlalchemy import Engine, Executable, Insert, Table, insert, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.convert import dumps
 from shared.db.engine import (
     BUSY_TIMEOUT_MS,
+    bounded_db_wait,
     database_error,
     first_line,
     translate_db_errors,
@@ -243,10 +245,14 @@ class SqlCallLog:
         *,
         loop_db: LoopConnection | None = None,
         checkpoint_every: int = CHECKPOINT_EVERY,
+        wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
         """`loop_db`: the event loop's SQLite connection, shared with the loop's readers (see
-        shared.db.inline.LoopConnection); by default the log opens its own."""
+        shared.db.inline.LoopConnection); by default the log opens its own. `wait_s`: how
+        long a write (or a probe) waits for the database before it answers UNAVAILABLE; a
+        record not committed by then is still committed once the database answers."""
         self._sessions = sessions
+        self._wait_s = wait_s
         self._checkpoint_every = checkpoint_every
         engine = sessions.kw.get("bind")
         if not isinstance(engine, Engine):
@@ -275,7 +281,9 @@ class SqlCallLog:
 
     async def ensure_available(self) -> None:
         if not self._healthy:
-            await asyncio.to_thread(self._probe)
+            await bounded_db_wait(
+                asyncio.to_thread(self._probe), self._wait_s, "a probe of the call log"
+            )
 
     def _probe(self) -> None:
         """Whether the log can be written: a read on PostgreSQL (a server that answers one
@@ -301,7 +309,13 @@ class SqlCallLog:
             self._schedule_flush(loop)
         else:
             self._queue.put((record, future, loop))
-        await asyncio.shield(future)
+        try:
+            await bounded_db_wait(asyncio.shield(future), self._wait_s, "the call log's commit")
+        except Unavailable:
+            if not future.done():  # the database stopped answering: probe before the next tool
+                self._healthy = False
+                future.add_done_callback(_retrieve)  # settled later, with nobody waiting
+            raise
 
     def close(self) -> None:
         self._closed = True
@@ -658,6 +672,12 @@ def _page(
         total += size
         out.append(built)
     return Page(out, 0)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a future's outcome as seen (asyncio logs an exception nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:

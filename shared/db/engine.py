@@ -5,13 +5,14 @@ SqliteFileIdentity)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # SQLite: how long a connection waits for a lock; and the size a WAL is cut back to when it
@@ -309,6 +311,27 @@ def is_unavailable(error: BaseException | None) -> bool:
         return True
     name = getattr(error, "sqlite_errorname", None)
     return isinstance(name, str) and name.startswith(_SQLITE_UNAVAILABLE)
+
+
+async def bounded_db_wait(operation: Awaitable[T], wait_s: float, what: str) -> T:
+    """Await a database operation that runs in a thread, `what` it is, for at most `wait_s`.
+
+    A database that stops answering without closing its connections (a frozen server or
+    host, a network path that drops packets) leaves a driver blocked in a read that no
+    timeout of its own ends: the call would wait for its gRPC deadline, and without one,
+    for as long as the freeze lasts. Past `wait_s` it answers UNAVAILABLE
+    (DATABASE_UNAVAILABLE, which clients retry) instead. The thread is not stopped (no
+    thread can be): it finishes when the database answers or the connection drops, and an
+    operation still queued for a thread is dropped."""
+    try:
+        return await asyncio.wait_for(operation, wait_s)
+    except TimeoutError:
+        logger.warning("database did not answer %s within %gs", what, wait_s)
+        raise Unavailable(
+            f"database unavailable: it did not answer {what} within {wait_s:g}s "
+            "(TOOLMESH_DB_WAIT_S)",
+            reason="DATABASE_UNAVAILABLE",
+        ) from None
 
 
 def unavailable(error: BaseException) -> Unavailable:

@@ -63,6 +63,8 @@ TENANT = "faults"
 # attempt gives up after 5 s), and a call's own deadline is well beyond it.
 PROMPT_S = 5.0
 DEADLINE_S = 30.0
+# How long the dispatcher waits for one database operation (TOOLMESH_DB_WAIT_S).
+DB_WAIT_S = 2.0
 # The events every dispatched call logs beside its tool_execution_log row.
 CALL_EVENTS = {"tool_call", "decision", "tool_result", "outcome"}
 
@@ -422,6 +424,7 @@ def mesh_env(*, bridge: bool = False) -> tuple[dict[str, str], list[tuple[str, i
         "TOOLMESH_SURFACE_DERIVE_INTERVAL_S": "0.5",
         "TOOLMESH_SANDBOX_ADDR": f"127.0.0.1:{sandbox}",
         "TOOLMESH_TOOL_CACHE_TTL_S": "0",
+        "TOOLMESH_DB_WAIT_S": str(DB_WAIT_S),
         # No LLM: a build job is claimed by a worker, then fails at once, saying why.
         "ANTHROPIC_API_KEY": "",
         "PYTHONPATH": str(ROOT),
@@ -585,6 +588,27 @@ def test_postgres_killed_or_its_connections_terminated_mid_load(pg_up: PgMesh, f
     assert_every_rpc_serves(services)
     assert_whole_rows(pg_mesh.url, load.dispatched_ok(), load.conversations)
     assert_no_traceback(m)
+
+
+@pg_test
+def test_a_frozen_postgres_answers_unavailable_after_the_wait_then_serves_again(
+    pg_up: PgMesh,
+) -> None:
+    """Every process of the server stopped (a frozen host: the connections stay open, nothing
+    answers on them, no driver timeout ends the wait): a dispatched call answers UNAVAILABLE
+    once TOOLMESH_DB_WAIT_S has passed, saying the database did not answer, instead of
+    holding on until its deadline; once the server runs again, calls succeed with no
+    restart."""
+    m, services = pg_up.mesh, pg_up.services
+    assert services.dispatch("frozen").ok
+    with pg_up.server.frozen():
+        got = services.dispatch("frozen")
+    assert got.code == "UNAVAILABLE" and got.reason == "DATABASE_UNAVAILABLE", got
+    assert "did not answer" in got.details and "TOOLMESH_DB_WAIT_S" in got.details, got
+    assert DB_WAIT_S <= got.seconds < DEADLINE_S / 2, got
+    wait_for(lambda: services.dispatch("frozen").ok, 30, "calls to succeed after the freeze")
+    assert_every_rpc_serves(services)
+    assert_no_traceback(m, pg_up.second_dispatcher)
 
 
 def server_dbname(url: str) -> str:

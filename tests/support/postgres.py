@@ -435,6 +435,23 @@ class PostgresServer:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every process of the server stopped (SIGSTOP) while the block runs, then let go
+        (SIGCONT) whatever happens: a frozen host, whose connections stay open and on which
+        nothing answers."""
+        stopped: list[int] = []
+        try:
+            for pid in _server_pids(self.data_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            yield
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def terminate_backends(self, dbname: str | None = None) -> int:
         """pg_terminate_backend of every client connection but this call's own (only those
         to `dbname` when given); the number terminated."""
