@@ -28,6 +28,7 @@ from shared.db.engine import (
     BUSY_TIMEOUT_MS,
     bounded_db_wait,
     database_error,
+    db_wait_exceeded,
     first_line,
     translate_db_errors,
 )
@@ -308,14 +309,26 @@ class SqlCallLog:
                 loop.call_soon(self._measure_lag, time.perf_counter())
             self._schedule_flush(loop)
         else:
-            self._queue.put((record, future, loop))
-        try:
-            await bounded_db_wait(asyncio.shield(future), self._wait_s, "the call log's commit")
-        except Unavailable:
-            if not future.done():  # the database stopped answering: probe before the next tool
-                self._healthy = False
-                future.add_done_callback(_retrieve)  # settled later, with nobody waiting
-            raise
+            self._to_writer(record, future, loop)
+        await asyncio.shield(future)
+
+    def _to_writer(
+        self, record: CallRecord, future: asyncio.Future[None], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Queue a record for the writer thread. Its writer waits `wait_s` at most: then it
+        is answered UNAVAILABLE (a database that stopped answering), and the record is still
+        committed when the database answers. (A commit on the loop never waits: it needs no
+        such bound, and spares every call its timer.)"""
+        timer = loop.call_later(self._wait_s, self._expire, future)
+        future.add_done_callback(lambda _: timer.cancel())
+        self._queue.put((record, future, loop))
+
+    def _expire(self, future: asyncio.Future[None]) -> None:
+        if future.done():
+            return
+        self._healthy = False  # the next call probes the database before its tool runs
+        future.set_exception(db_wait_exceeded("the call log's commit", self._wait_s))
+        future.exception()  # seen: whoever waits gets it through its shield, if anyone still does
 
     def close(self) -> None:
         self._closed = True
@@ -380,7 +393,7 @@ class SqlCallLog:
             logger.debug("inline call-log commit deferred to the writer thread: %s", exc)
             loop = asyncio.get_running_loop()
             for record, future in batch:
-                self._queue.put((record, future, loop))
+                self._to_writer(record, future, loop)
             return
         self._healthy = True
         _settle([f for _, f in batch], None)
@@ -672,12 +685,6 @@ def _page(
         total += size
         out.append(built)
     return Page(out, 0)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark a future's outcome as seen (asyncio logs an exception nobody retrieved)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _settle(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:

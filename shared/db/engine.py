@@ -50,7 +50,8 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_conn: Any, _record: Any = None) -> None:
+    """Every SQLite connection's settings (engines from make_engine, and the migrations')."""
     cur = dbapi_conn.cursor()
     # The busy timeout first, so what follows waits for a lock rather than failing; and WAL is
     # set only on a file not in WAL yet: switching needs a lock another process's checkpoint
@@ -189,7 +190,7 @@ def make_engine(url: str) -> Engine:
         in_memory = database in ("", ":memory:") or "mode=memory" in url
         pool: dict[str, Any] = {} if in_memory else {"pool_size": 5, "max_overflow": 40}
         engine = create_engine(url, connect_args={"timeout": 10}, **pool)
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", sqlite_pragmas)
         path = sqlite_file_path(url)
         if path is not None:
             _guard_sqlite_file(engine, path)
@@ -326,12 +327,17 @@ async def bounded_db_wait(operation: Awaitable[T], wait_s: float, what: str) -> 
     try:
         return await asyncio.wait_for(operation, wait_s)
     except TimeoutError:
-        logger.warning("database did not answer %s within %gs", what, wait_s)
-        raise Unavailable(
-            f"database unavailable: it did not answer {what} within {wait_s:g}s "
-            "(TOOLMESH_DB_WAIT_S)",
-            reason="DATABASE_UNAVAILABLE",
-        ) from None
+        raise db_wait_exceeded(what, wait_s) from None
+
+
+def db_wait_exceeded(what: str, wait_s: float) -> Unavailable:
+    """The Unavailable of a database operation (`what`) that did not answer within `wait_s`
+    (logged)."""
+    logger.warning("database did not answer %s within %gs", what, wait_s)
+    return Unavailable(
+        f"database unavailable: it did not answer {what} within {wait_s:g}s (TOOLMESH_DB_WAIT_S)",
+        reason="DATABASE_UNAVAILABLE",
+    )
 
 
 def unavailable(error: BaseException) -> Unavailable:

@@ -3,6 +3,8 @@ upgrading an up-to-date database is a no-op; and SQLite engines run in WAL mode.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,15 @@ def test_upgrade_creates_a_fresh_sqlite_database_and_its_directory(tmp_path: Pat
         assert current_revision(engine) == head_revision(url)
     finally:
         engine.dispose()
+
+
+def test_a_sqlite_file_is_left_in_wal_mode_by_its_migration(tmp_path: Path) -> None:
+    """Before any service connects: the first connections of services started together no
+    longer race to switch the file's journal mode (one of two at once was refused)."""
+    path = tmp_path / "toolmesh.db"
+    upgrade(f"sqlite:///{path}")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
 def test_sqlite_engines_run_in_wal_mode_on_every_connection(tmp_path: Path) -> None:
