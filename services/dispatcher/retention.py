@@ -325,30 +325,23 @@ def _of_conversations(table: Table, keys: list[tuple[str, str]]) -> Any:
 
 
 def _live_conversation(table: Table, cutoff: datetime) -> Any:
-    """Whether a row of `table` belongs to a conversation called since `cutoff` (its state
-    row updated since)."""
-    return exists().where(
-        _STATE.c.tenant_id == table.c.tenant_id,
-        _STATE.c.conversation_id == table.c.conversation_id,
-        _STATE.c.updated_at >= _aware_utc(cutoff),
-    )
+    """Whether a row of `table` belongs to a conversation called since `cutoff`."""
+    return _has_state(table, _STATE.c.updated_at >= _aware_utc(cutoff))
 
 
 def _idle_conversation(table: Table, before: datetime) -> Any:
     """Whether a row of `table` belongs to a conversation idle since `before` (its state row
     last updated before it): one a sweep deletes."""
+    return _has_state(table, _STATE.c.updated_at < before)
+
+
+def _has_state(table: Table, *also: Any) -> Any:
+    """Whether a row of `table` belongs to a conversation that has a state row (one meeting
+    the conditions `also`, when given)."""
     return exists().where(
         _STATE.c.tenant_id == table.c.tenant_id,
         _STATE.c.conversation_id == table.c.conversation_id,
-        _STATE.c.updated_at < before,
-    )
-
-
-def _has_state(table: Table) -> Any:
-    """Whether a row of `table` belongs to a conversation that has a state row."""
-    return exists().where(
-        _STATE.c.tenant_id == table.c.tenant_id,
-        _STATE.c.conversation_id == table.c.conversation_id,
+        *also,
     )
 
 
