@@ -50,7 +50,8 @@ async def serve(settings: Settings, port: int) -> None:
     )
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
     keys = ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None
-    servicer = DispatcherServicer(core, log, keys, ExportFiles(effects_store, settings.data_dir))
+    exports = ExportFiles(effects_store, settings.data_dir, db_wait_s=settings.db_wait_s)
+    servicer = DispatcherServicer(core, log, keys, exports, db_wait_s=settings.db_wait_s)
     sweeper: RetentionSweeper | None = None
     if settings.retention_days > 0:
         sweeper = RetentionSweeper(

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from services.dispatcher.logstore import EventRecord
 from shared import convert
 from shared.arrow_ipc import ipc_to_table
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract.effects import (
     DisplayHandle,
     Effect,
@@ -43,7 +44,7 @@ from shared.contract.effects import (
     apply_effect,
 )
 from shared.contract.effects_cards import finalize_cards
-from shared.db.engine import translate_db_errors
+from shared.db.engine import bounded_db_wait, translate_db_errors
 from shared.db.models import (
     ConversationDatasetRow,
     ExportCatalogRow,
@@ -519,17 +520,28 @@ EXPORT_CHUNK_BYTES = 64 * 1024
 class ExportFiles:
     """Registered exports for download: listing and reading them back from the data dir."""
 
-    def __init__(self, store: EffectsStore, data_dir: Path) -> None:
+    def __init__(
+        self, store: EffectsStore, data_dir: Path, *, db_wait_s: float = DEFAULT_DB_WAIT_S
+    ) -> None:
         self._store = store
         self._data_dir = data_dir.resolve()
+        self._db_wait_s = db_wait_s
 
     async def list(self, tenant_id: str, conversation_id: str, limit: int) -> list[ExportEntry]:
-        return await asyncio.to_thread(self._store.list_exports, tenant_id, conversation_id, limit)
+        return await bounded_db_wait(
+            asyncio.to_thread(self._store.list_exports, tenant_id, conversation_id, limit),
+            self._db_wait_s,
+            "a query of the exports",
+        )
 
     async def open(self, tenant_id: str, file_id: str) -> tuple[ExportEntry, Path]:
         """The export and its file; NotFound for an unknown id, FailedPrecondition when the
         file is no longer under the data dir."""
-        entry = await asyncio.to_thread(self._store.get_export, tenant_id, file_id)
+        entry = await bounded_db_wait(
+            asyncio.to_thread(self._store.get_export, tenant_id, file_id),
+            self._db_wait_s,
+            "a query of an export",
+        )
         try:
             path = resolve_export_path(self._data_dir, entry.path)
         except EffectProblem as problem:

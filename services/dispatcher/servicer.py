@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import context as otel_context
@@ -19,6 +19,8 @@ from services.dispatcher.logstore import LISTED_INPUT_CHARS, CallLog
 from shared import convert
 from shared.auth import ApiKeys, Principal
 from shared.clients import mark_cancelled_client, traced_call
+from shared.config import DEFAULT_DB_WAIT_S
+from shared.db.engine import bounded_db_wait
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from shared.rpc_errors import from_rpc_error
 from shared.server import deadline_passed
@@ -28,6 +30,8 @@ from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -412,11 +416,17 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         log: CallLog,
         auth: ApiKeys | None = None,
         exports: ExportFiles | None = None,
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
         self._core = core
         self._log = log
         self._auth = auth
         self._exports = exports
+        self._db_wait_s = db_wait_s
+
+    async def _read(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        """A read of the call log in a thread, waited for at most db_wait_s."""
+        return await bounded_db_wait(asyncio.to_thread(fn, **kwargs), self._db_wait_s, what)
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         """The authenticated caller, or None when the dispatcher runs open."""
@@ -587,7 +597,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             ]
         )
         limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
-        page = await asyncio.to_thread(
+        page = await self._read(
+            "a query of the execution log",
             self._log.page_log,
             tool_name=request.tool_name,
             tenant_id=self._tenant(context, request.tenant_id),
@@ -637,7 +648,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             ]
         )
         limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
-        page = await asyncio.to_thread(
+        page = await self._read(
+            "a query of the conversation's events",
             self._log.page_events,
             tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
@@ -668,7 +680,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         convert.check_ids(
             [("tenant_id", request.tenant_id), ("conversation_id", request.conversation_id)]
         )
-        data = await asyncio.to_thread(
+        data = await self._read(
+            "a query of an event's data",
             self._log.event_data,
             tenant_id=self._tenant(context, request.tenant_id),
             conversation_id=request.conversation_id,
