@@ -64,7 +64,7 @@ from shared import convert
 from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract.effects import DisplayHandle, Effect
 from shared.contract.effects_cards import finalize_turn_cards
-from shared.db.engine import bounded_db_wait
+from shared.db.engine import bounded_db_wait, db_thread
 from shared.errors import DeadlineExceeded, InvalidArgument, ToolmeshError
 from shared.telemetry.tracing import current_trace_id, span_attributes, with_call_baggage
 from shared.telemetry.usage import UsageLog
@@ -223,10 +223,12 @@ class RuleCache:
         if self._clock() >= self._expires:
             async with self._lock:
                 if self._clock() >= self._expires:
-                    rules = await bounded_db_wait(
-                        asyncio.to_thread(self._store.list_rules, "", False),
+                    rules = await db_thread(
                         self._db_wait_s,
                         "a query of the policy rules",
+                        self._store.list_rules,
+                        "",
+                        False,
                     )
                     self._rules = rules
                     self._by_tenant = {}

@@ -44,7 +44,7 @@ from shared.contract.effects import (
     apply_effect,
 )
 from shared.contract.effects_cards import finalize_cards
-from shared.db.engine import bounded_db_wait, translate_db_errors
+from shared.db.engine import db_thread, translate_db_errors
 from shared.db.models import (
     ConversationDatasetRow,
     ExportCatalogRow,
@@ -528,19 +528,20 @@ class ExportFiles:
         self._db_wait_s = db_wait_s
 
     async def list(self, tenant_id: str, conversation_id: str, limit: int) -> list[ExportEntry]:
-        return await bounded_db_wait(
-            asyncio.to_thread(self._store.list_exports, tenant_id, conversation_id, limit),
+        return await db_thread(
             self._db_wait_s,
             "a query of the exports",
+            self._store.list_exports,
+            tenant_id,
+            conversation_id,
+            limit,
         )
 
     async def open(self, tenant_id: str, file_id: str) -> tuple[ExportEntry, Path]:
         """The export and its file; NotFound for an unknown id, FailedPrecondition when the
         file is no longer under the data dir."""
-        entry = await bounded_db_wait(
-            asyncio.to_thread(self._store.get_export, tenant_id, file_id),
-            self._db_wait_s,
-            "a query of an export",
+        entry = await db_thread(
+            self._db_wait_s, "a query of an export", self._store.get_export, tenant_id, file_id
         )
         try:
             path = resolve_export_path(self._data_dir, entry.path)

@@ -26,8 +26,8 @@ from shared.config import DEFAULT_DB_WAIT_S
 from shared.convert import dumps
 from shared.db.engine import (
     BUSY_TIMEOUT_MS,
-    bounded_db_wait,
     database_error,
+    db_thread,
     db_wait_exceeded,
     first_line,
     translate_db_errors,
@@ -282,9 +282,7 @@ class SqlCallLog:
 
     async def ensure_available(self) -> None:
         if not self._healthy:
-            await bounded_db_wait(
-                asyncio.to_thread(self._probe), self._wait_s, "a probe of the call log"
-            )
+            await db_thread(self._wait_s, "a probe of the call log", self._probe)
 
     def _probe(self) -> None:
         """Whether the log can be written: a read on PostgreSQL (a server that answers one

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from opentelemetry import context as otel_context
@@ -20,7 +20,7 @@ from shared import convert
 from shared.auth import ApiKeys, Principal
 from shared.clients import mark_cancelled_client, traced_call
 from shared.config import DEFAULT_DB_WAIT_S
-from shared.db.engine import bounded_db_wait
+from shared.db.engine import db_thread
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from shared.rpc_errors import from_rpc_error
 from shared.server import deadline_passed
@@ -30,8 +30,6 @@ from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
-
-T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -424,10 +422,6 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self._exports = exports
         self._db_wait_s = db_wait_s
 
-    async def _read(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
-        """A read of the call log in a thread, waited for at most db_wait_s."""
-        return await bounded_db_wait(asyncio.to_thread(fn, **kwargs), self._db_wait_s, what)
-
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         """The authenticated caller, or None when the dispatcher runs open."""
         if self._auth is None:
@@ -597,7 +591,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             ]
         )
         limit = _page_limit(request.limit, default=50, cap=MAX_LOG_ROWS)
-        page = await self._read(
+        page = await db_thread(
+            self._db_wait_s,
             "a query of the execution log",
             self._log.page_log,
             tool_name=request.tool_name,
@@ -648,7 +643,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
             ]
         )
         limit = _page_limit(request.limit, default=200, cap=MAX_EVENTS)
-        page = await self._read(
+        page = await db_thread(
+            self._db_wait_s,
             "a query of the conversation's events",
             self._log.page_events,
             tenant_id=self._tenant(context, request.tenant_id),
@@ -680,7 +676,8 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         convert.check_ids(
             [("tenant_id", request.tenant_id), ("conversation_id", request.conversation_id)]
         )
-        data = await self._read(
+        data = await db_thread(
+            self._db_wait_s,
             "a query of an event's data",
             self._log.event_data,
             tenant_id=self._tenant(context, request.tenant_id),

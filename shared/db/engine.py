@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -328,6 +328,14 @@ async def bounded_db_wait(operation: Awaitable[T], wait_s: float, what: str) -> 
         return await asyncio.wait_for(operation, wait_s)
     except TimeoutError:
         raise db_wait_exceeded(what, wait_s) from None
+
+
+async def db_thread(
+    wait_s: float, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+) -> T:
+    """`fn(*args, **kwargs)`, a blocking database operation (`what` it is), run in a thread
+    and waited for at most `wait_s` (bounded_db_wait)."""
+    return await bounded_db_wait(asyncio.to_thread(fn, *args, **kwargs), wait_s, what)
 
 
 def db_wait_exceeded(what: str, wait_s: float) -> Unavailable:
