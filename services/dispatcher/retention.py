@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -184,12 +184,7 @@ class LogRetention:
                 return conversations, datasets, exports, False
             paths: list[str] = []
             with translate_db_errors(), self._engine.begin() as conn:
-                rows = conn.execute(
-                    select(*columns)
-                    .where(state.c.id > after)
-                    .order_by(state.c.id)
-                    .limit(self._batch)
-                ).all()
+                rows = self._batch_after(conn, columns, after)
                 idle = [row for row in rows if _naive_utc(row.updated_at) < limit]
                 if idle:
                     keys = [(row.tenant_id, row.conversation_id) for row in idle]
@@ -226,6 +221,14 @@ class LogRetention:
             if len(rows) < self._batch:
                 return conversations, datasets, exports, True
             after = rows[-1].id
+
+    def _batch_after(self, conn: Any, columns: Sequence[Any], after: int) -> Sequence[Any]:
+        """The next batch of rows (`columns`, the first of them the table's id) past id
+        `after`, in id order."""
+        table_id = columns[0]
+        return conn.execute(
+            select(*columns).where(table_id > after).order_by(table_id).limit(self._batch)
+        ).all()
 
     def _delete_files(self, paths: list[str], before: datetime, dry_run: bool) -> int:
         """Delete the export files at `paths` (relative to the data dir) that no remaining row
@@ -278,12 +281,7 @@ class LogRetention:
             if stop():
                 return deleted, blobs, False
             with translate_db_errors(), self._engine.begin() as conn:
-                rows = conn.execute(
-                    select(*columns)
-                    .where(table.c.id > after)
-                    .order_by(table.c.id)
-                    .limit(self._batch)
-                ).all()
+                rows = self._batch_after(conn, columns, after)
                 old = [row for row in rows if _naive_utc(row.created_at) < limit]
                 if old:
                     ids = [row.id for row in old]
