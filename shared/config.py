@@ -246,10 +246,11 @@ class Settings:
                         old but those of a conversation called since (dispatcher/retention.py).
     retention_interval_s  TOOLMESH_RETENTION_INTERVAL_S, default 3600 — how often it sweeps
                         (the first sweep at start).
-    db_wait_s           TOOLMESH_DB_WAIT_S, default 15 (0.1 to 3600) — the dispatcher answers
-                        any of its calls UNAVAILABLE (DATABASE_UNAVAILABLE) when one database
-                        operation of it has not answered within this long (a frozen server or
-                        host), instead of holding it until its deadline.
+    db_wait_s           TOOLMESH_DB_WAIT_S, default 15 (0.1 to 3600) — every service answers
+                        a call UNAVAILABLE (DATABASE_UNAVAILABLE) when one database operation
+                        of it has not answered within this long (a frozen server or host),
+                        instead of holding it until its deadline. A write that times out may
+                        still land once the database answers.
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd

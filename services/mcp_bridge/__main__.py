@@ -47,6 +47,7 @@ async def serve(settings: Settings, port: int) -> None:
         export_dir=settings.data_dir / "exports" / "mcp",
         export_max_bytes=settings.mcp_export_max_bytes,
         destructive_capability=settings.mcp_destructive_capability,
+        db_wait_s=settings.db_wait_s,
     )
 
     async def on_bound(_port: int) -> None:

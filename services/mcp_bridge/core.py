@@ -41,7 +41,9 @@ from services.mcp_bridge.naming import (
     parse_implementation,
 )
 from shared import convert
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract import Envelope, Err
+from shared.db.engine import db_thread
 from shared.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from shared.telemetry.metrics import record_mcp_operation
 from shared.telemetry.tracing import span_attributes, tracer
@@ -185,8 +187,12 @@ class McpBridge:
         tools_changed_delay_s: float = TOOLS_CHANGED_DELAY_S,
         tools_changed_min_interval_s: float = TOOLS_CHANGED_MIN_INTERVAL_S,
         destructive_capability: str = "",
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
+        """`db_wait_s`: how long a stored connection's read or write may take before the
+        call answers UNAVAILABLE (shared.db.engine.bounded_db_wait; TOOLMESH_DB_WAIT_S)."""
         self._store = store
+        self._db_wait_s = db_wait_s
         # Registered as a required capability of every tool its server declares destructive
         # (annotations.required_capabilities); empty: no gating.
         self._destructive_capability = destructive_capability
@@ -253,7 +259,7 @@ class McpBridge:
             report = await live.start()
             assert report is not None
             try:
-                await asyncio.to_thread(self._store.save, config)
+                await db_thread(self._db_wait_s, "the connection's write", self._store.save, config)
             except BaseException:
                 # Not stored, so not connected: a running server and registered tools the
                 # caller was told failed (and a retry refused as existing) were left behind.
@@ -298,7 +304,7 @@ class McpBridge:
                 self._connections[name] = live
                 raise
             await live.close()
-            await asyncio.to_thread(self._store.delete, name)
+            await db_thread(self._db_wait_s, "the connection's deletion", self._store.delete, name)
             return removed
 
     async def reconnect(self, name: str, config: ServerConfig | None = None) -> InventoryReport:
@@ -319,7 +325,8 @@ class McpBridge:
         async with self._lock(name):
             old = self._connections.get(name)
             if old is None and config is None:
-                stored = {c.name: c for c in await asyncio.to_thread(self._store.load)}
+                loaded = await db_thread(self._db_wait_s, "the connections' read", self._store.load)
+                stored = {c.name: c for c in loaded}
                 config = stored.get(name)
             if old is None and config is None:
                 raise NotFound(
@@ -339,7 +346,9 @@ class McpBridge:
                 assert report is not None
                 opened = True
                 if new_config_given and (old is None or new_config != old.config):
-                    await asyncio.to_thread(self._store.save, new_config)
+                    await db_thread(
+                        self._db_wait_s, "the connection's write", self._store.save, new_config
+                    )
             except BaseException:
                 if opened:
                     # Opened but not stored: a bridge restart would bring back the stored

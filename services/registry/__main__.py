@@ -75,6 +75,7 @@ async def serve(settings: Settings, port: int) -> None:
         handler_threads=settings.handler_threads,
         disabled_flags=settings.disabled_flags,
         trace_payloads=settings.trace_payloads,
+        db_wait_s=settings.db_wait_s,
     )
     await asyncio.to_thread(core.seed_system_tools)
     await asyncio.to_thread(core.auto_register_handlers)

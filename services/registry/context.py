@@ -9,19 +9,22 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pandas as pd
 from sqlalchemy.orm import Session, sessionmaker
 
-from shared.config import Settings
+from shared.config import DEFAULT_DB_WAIT_S, Settings
 from shared.costs import CostAccount
+from shared.db.engine import db_thread
 from shared.telemetry import metrics
 from shared.telemetry.usage import UsageEntry, UsageLog
 
 if TYPE_CHECKING:
     from shared.contract import ContractRecorder, ToolResult
     from shared.llm.client import LLMClient, LLMReply
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,13 @@ class ToolContext:
         if fresh and (self.budget_limit is not None or self.budget_spent):
             self.cost = CostAccount(limit=self.budget_limit, spent_before=self.budget_spent)
 
+    async def db(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)`, a blocking database operation (`what` it is), in a thread,
+        waited for at most TOOLMESH_DB_WAIT_S: past it the call answers UNAVAILABLE
+        (DATABASE_UNAVAILABLE) instead of waiting on a database that does not answer."""
+        wait_s = self.settings.db_wait_s if self.settings is not None else DEFAULT_DB_WAIT_S
+        return await db_thread(wait_s, what, fn, *args, **kwargs)
+
     @property
     def scope(self) -> DatasetScope:
         return DatasetScope(self.tenant_id, self.conversation_id, self.namespace_id)
@@ -204,7 +214,7 @@ class ToolContext:
         if self.llm_clients is None:
             raise RuntimeError("this context cannot call an LLM")
         self.cost.check(f"before an LLM call for {self.tool_name}")
-        client = await asyncio.to_thread(self.llm_clients, role)
+        client = await self.db("the model configuration's read", self.llm_clients, role)
         reply = await client.complete(
             messages, system=system, max_output_tokens=max_output_tokens, tools=tools
         )
@@ -217,7 +227,7 @@ class ToolContext:
             tool_use_id=self.tool_use_id,
         )
         if self.usage is not None:
-            await asyncio.to_thread(self.usage.record, entry)
+            await self.db("the usage log's write", self.usage.record, entry)
         metrics.record_cost(self.tenant_id, self.tool_name, reply.cost_usd)
         self.cost.charge_leaf(reply.cost_usd, f"LLM call for {self.tool_name}")
         return reply

@@ -40,6 +40,7 @@ from services.registry.fast_accept import Acceptor, fast_acceptor
 from services.registry.model import SeedReport, ToolDef
 from services.registry.repository import ToolRepository
 from shared import convert, schema_check, schema_regex
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract import (
     Alternative,
     ContractCounters,
@@ -59,6 +60,7 @@ from shared.contract import (
 )
 from shared.contract.telemetry import emit
 from shared.costs import BudgetExceeded
+from shared.db.engine import db_thread
 from shared.errors import FailedPrecondition, NotFound
 from shared.lru import LruCache
 from shared.telemetry import metrics, semconv
@@ -239,7 +241,10 @@ class Registry:
         trace_payloads: bool = False,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
         max_cached_validators: int = MAX_CACHED_VALIDATORS,
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
+        """`db_wait_s`: how long one database operation of a call may take before the call
+        answers UNAVAILABLE (shared.db.engine.bounded_db_wait; TOOLMESH_DB_WAIT_S)."""
         schema_regex.install()  # input patterns run on RE2, never on backtracking `re`
         schema_check.install()  # multipleOf and uniqueItems checked as the first pass does
         self._trace_payloads = trace_payloads
@@ -262,6 +267,7 @@ class Registry:
             max_cached_validators
         )
         self._cache_ttl_s = cache_ttl_s
+        self.db_wait_s = db_wait_s
         self._max_depth = max_depth
         self._threads = HandlerThreads(handler_threads, max_depth=max_depth)
         self._clock = clock
@@ -366,7 +372,7 @@ class Registry:
         if cached is not None and cached[0] > now:
             tool = cached[1]
         else:
-            tool = await asyncio.to_thread(self._repo.get, name)
+            tool = await db_thread(self.db_wait_s, "a tool definition's read", self._repo.get, name)
             cache = self._cache
             cache.pop(name, None)
             cache[name] = (now + self._cache_ttl_s, tool)
@@ -375,7 +381,9 @@ class Registry:
                 cache.popitem(last=False)
         if tool is None or not tool.live or not tool.visible_to(tenant_id):
             # Suggest only tools this tenant can see: other tenants' tool names stay private.
-            visible = await asyncio.to_thread(self._repo.find, tenant_id=tenant_id)
+            visible = await db_thread(
+                self.db_wait_s, "the tool list's read", self._repo.find, tenant_id=tenant_id
+            )
             names = [t.name for t in visible]
             suggestions = closest_names(name, names)
             hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
@@ -482,7 +490,9 @@ class Registry:
                     tool_use_id=context.tool_use_id,
                     trace_id=current_trace_id(),
                 )
-                await asyncio.to_thread(context.usage.record, entry)
+                await db_thread(
+                    self.db_wait_s, "the usage log's write", context.usage.record, entry
+                )
             metrics.record_cost(context.tenant_id, tool.name, own)
         # A rollup tool's declared total already holds its sub-calls' costs (logged by them).
         result.cost = max(context.cost.total, declared) if rollup else context.cost.total

@@ -5,7 +5,6 @@ cancels the RPC, and the sandbox kills the worker."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -53,7 +52,7 @@ class SandboxRoute:
         if self._stub is None:  # opened on the event loop of the first call
             self._stub = sandbox_pb2_grpc.SandboxServiceStub(open_channel(self._address))
         stub = self._stub
-        df = await asyncio.to_thread(default_dataset, context)
+        df = await context.db("the conversation's dataset read", default_dataset, context)
         request = spb.ExecuteRequest(
             tool_name=tool.name,
             code=tool.implementation,

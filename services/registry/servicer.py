@@ -10,9 +10,9 @@ import os
 import re
 import socket
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +23,7 @@ from services.registry.model import NAME_PATTERN, ToolDef
 from shared import convert, schema_regex
 from shared.clients import traced_call
 from shared.contract import ToolContractStats, ToolResult
+from shared.db.engine import db_thread
 from shared.errors import FailedPrecondition, InvalidArgument
 from shared.schema_check import schema_problem
 from shared.server import require_admin_caller
@@ -31,6 +32,7 @@ from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -364,6 +366,11 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         self._max_input_bytes = max_input_bytes
         self._instance = f"{socket.gethostname()}/{os.getpid()}"
 
+    async def _db(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """A database operation (`what` it is) in a thread, waited for at most the core's
+        db_wait_s (UNAVAILABLE past it: shared.db.engine.bounded_db_wait)."""
+        return await db_thread(self._core.db_wait_s, what, fn, *args, **kwargs)
+
     async def ExecuteTool(
         self, request: rpb.ExecuteToolRequest, context: grpc.aio.ServicerContext
     ) -> rpb.ExecuteToolResponse:
@@ -445,7 +452,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         self, request: rpb.GetToolsForLLMRequest, context: grpc.aio.ServicerContext
     ) -> rpb.GetToolsForLLMResponse:
         convert.check_ids([("tenant_id", request.tenant_id)])
-        tools = await asyncio.to_thread(self._core.tools_for_llm, request.tenant_id)
+        tools = await self._db("the tool list's read", self._core.tools_for_llm, request.tenant_id)
         return rpb.GetToolsForLLMResponse(
             tools=[
                 rpb.LlmTool(
@@ -467,7 +474,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 ("created_by", request.created_by),
             ]
         )
-        tools = await asyncio.to_thread(
+        tools = await self._db(
+            "the tool list's read",
             self._core.repo.find,
             tenant_id=request.tenant_id,
             tool_type=convert.TOOL_TYPES.get(request.tool_type, ""),
@@ -487,8 +495,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
     async def SeedSystemTools(
         self, request: rpb.SeedSystemToolsRequest, context: grpc.aio.ServicerContext
     ) -> rpb.SeedSystemToolsResponse:
-        report = await asyncio.to_thread(self._core.seed_system_tools)
-        await asyncio.to_thread(self._core.auto_register_handlers)
+        report = await self._db("the system tools' seeding", self._core.seed_system_tools)
+        await self._db("the handlers' registration", self._core.auto_register_handlers)
         return rpb.SeedSystemToolsResponse(
             created=report.created,
             updated=report.updated,
@@ -514,8 +522,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                     reason="INVALID_TOOL_DEFINITION",
                     field_violations=others,
                 )
-        stored = await asyncio.to_thread(
-            self._core.repo.upsert, tools, mcp_listing=request.mcp_listing
+        stored = await self._db(
+            "the tools' write", self._core.repo.upsert, tools, mcp_listing=request.mcp_listing
         )
         for t in stored:
             self._core.invalidate(t.name)
@@ -538,7 +546,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         convert.check_ids(
             [("created_by", request.created_by)] + [("names", name) for name in request.names]
         )
-        system = set(await asyncio.to_thread(self._core.repo.names)) & {
+        system = set(await self._db("the tool names' read", self._core.repo.names)) & {
             t["name"] for t in self._core.system_tools
         }
         protected = sorted(system & set(request.names))
@@ -548,8 +556,11 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 reason="SYSTEM_TOOL_PROTECTED",
                 field_violations=[("names", "contains system tools")],
             )
-        deleted = await asyncio.to_thread(
-            self._core.repo.soft_delete, list(request.names), request.created_by
+        deleted = await self._db(
+            "the tools' deletion",
+            self._core.repo.soft_delete,
+            list(request.names),
+            request.created_by,
         )
         self._core.invalidate()
         for name in deleted:  # their compiled validators too
@@ -572,8 +583,13 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                 f"reason must be at most {MAX_SHORT_TEXT_CHARS} characters, without NUL",
                 field_violations=[("reason", "too long or holds NUL")],
             )
-        tool = await asyncio.to_thread(
-            self._core.repo.set_status, request.name, status, request.reason, enabled
+        tool = await self._db(
+            "the tool status's write",
+            self._core.repo.set_status,
+            request.name,
+            status,
+            request.reason,
+            enabled,
         )
         self._core.invalidate(request.name)
         return rpb.SetToolStatusResponse(tool=tool_to_pb(tool))
@@ -607,7 +623,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                     f"since is not a valid timestamp: {exc}",
                     field_violations=[("since", "out of range")],
                 ) from None
-        stats, used_since = await asyncio.to_thread(
+        stats, used_since = await self._db(
+            "the usage statistics' query",
             usage_stats,
             self._sessions,
             group_by=request.group_by or "tool",

@@ -73,6 +73,7 @@ async def serve(settings: Settings, port: int) -> None:
         tracing=settings.tracing,
         on_job_submitted=workers.wake,
         auth=auth.keys if auth is not None else None,
+        db_wait_s=settings.db_wait_s,
     )
 
     async def on_bound(_port: int) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 import pandas as pd
@@ -24,7 +25,9 @@ from shared import convert
 from shared.arrow_ipc import ipc_to_dataframe
 from shared.auth import ApiKeys
 from shared.clients import open_channel, traced_call
+from shared.config import DEFAULT_DB_WAIT_S
 from shared.contract import Err, Ok, ToolResult, envelope_to_tool_result
+from shared.db.engine import db_thread
 from shared.errors import AlreadyExists, InvalidArgument
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.registry.v1 import registry_pb2_grpc
@@ -32,6 +35,7 @@ from toolmesh.sandbox.v1 import sandbox_pb2 as spb
 from toolmesh.sandbox.v1 import sandbox_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
@@ -167,13 +171,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         tracing: bool,
         on_job_submitted: Any = None,
         auth: ApiKeys | None = None,
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
+        """`db_wait_s`: how long one database operation of a call may take before the call
+        answers UNAVAILABLE (shared.db.engine.bounded_db_wait; TOOLMESH_DB_WAIT_S)."""
         self._core = core
+        self._db_wait_s = db_wait_s
         self._repo = repo
         self._registry_address = registry_address
         self._tracing = tracing
         self._on_job_submitted = on_job_submitted
         self._auth = auth
+
+    async def _db(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return await db_thread(self._db_wait_s, what, fn, *args, **kwargs)
 
     def _tenant(
         self,
@@ -283,7 +294,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             dependencies=list(m.dependencies),
         )
         try:
-            stored = await asyncio.to_thread(self._repo.register, tool)
+            stored = await self._db("the custom tool's write", self._repo.register, tool)
         except AlreadyExists as exc:
             # One answer whoever holds the name: whether it is a system or MCP tool, or another
             # tenant's custom tool, is not the caller's to learn.
@@ -309,8 +320,13 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 "invalid review: " + "; ".join(f"{f} {d}" for f, d in violations),
                 field_violations=violations,
             )
-        tool = await asyncio.to_thread(
-            self._repo.set_status, request.name, tenant or None, status, request.reason
+        tool = await self._db(
+            "the custom tool status's write",
+            self._repo.set_status,
+            request.name,
+            tenant or None,
+            status,
+            request.reason,
         )
         return spb.SetCustomToolStatusResponse(tool=tool_to_pb(tool))
 
@@ -336,14 +352,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             # A job records its audit on the tool of its name: a name held by another tenant's
             # (or the shared) custom tool is refused here, with the answer RegisterCustomTool
             # gives, so a job can never review a tool that is not its tenant's.
-            held = await asyncio.to_thread(self._repo.get, request.tool_name)
+            held = await self._db("the custom tool's read", self._repo.get, request.tool_name)
             if held is not None and held.tenant_id != tenant:
                 raise AlreadyExists(
                     f"the tool name {request.tool_name!r} is taken; choose another name",
                     reason="TOOL_NAME_TAKEN",
                     metadata={"tool": request.tool_name},
                 )
-        job = await asyncio.to_thread(
+        job = await self._db(
+            "the build job's write",
             self._repo.create_job,
             tenant_id=tenant,
             tool_name=request.tool_name,
@@ -362,7 +379,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
         if not request.id:
             raise InvalidArgument("id is required", field_violations=[("id", "empty")])
-        job = await asyncio.to_thread(self._repo.get_job, request.id, tenant)
+        job = await self._db("the build job's read", self._repo.get_job, request.id, tenant)
         return spb.GetJobResponse(job=job_to_pb(job))
 
     async def ListJobs(
@@ -371,5 +388,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         tenant = self._tenant(
             context, request.tenant_id, "listing build jobs", every_when_omitted=True
         )
-        jobs = await asyncio.to_thread(self._repo.list_jobs, tenant, request.limit or 50)
+        jobs = await self._db(
+            "the build jobs' read", self._repo.list_jobs, tenant, request.limit or 50
+        )
         return spb.ListJobsResponse(jobs=[job_to_pb(j) for j in jobs])

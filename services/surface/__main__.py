@@ -57,6 +57,7 @@ async def serve(settings: Settings, port: int) -> None:
         embedder,
         catalog_ttl_s=settings.tool_cache_ttl_s,
         floor_ttl_s=settings.surface_floor_ttl_s,
+        db_wait_s=settings.db_wait_s,
     )
     await core.catalog()  # loads the catalog and starts embedding tools that lack a vector
     rederiving: list[asyncio.Future[None]] = []

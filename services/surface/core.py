@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 
@@ -50,9 +50,12 @@ from services.surface.tier0 import (
     encode_floor,
     parse_floor,
 )
+from shared.config import DEFAULT_DB_WAIT_S
+from shared.db.engine import db_thread
 from shared.errors import InvalidArgument, ToolmeshError
 from shared.llm.config import ModelConfig
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEARCH_LIMIT = 5
@@ -141,8 +144,12 @@ class SurfaceCore:
         floor_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        db_wait_s: float = DEFAULT_DB_WAIT_S,
     ) -> None:
+        """`db_wait_s`: how long one database operation of a call may take before the call
+        answers UNAVAILABLE (shared.db.engine.bounded_db_wait; TOOLMESH_DB_WAIT_S)."""
         self._store = store
+        self._db_wait_s = db_wait_s
         self._models = models
         self._embedder = embedder
         self._catalog_ttl_s = catalog_ttl_s
@@ -180,9 +187,9 @@ class SurfaceCore:
         async with self._lock:
             if not force and state.catalog is not None and not self._catalog_stale():
                 return state.catalog
-            fingerprint = await asyncio.to_thread(self._store.catalog_fingerprint)
+            fingerprint = await self._db("the catalog's check", self._store.catalog_fingerprint)
             if force or state.catalog is None or state.catalog.fingerprint != fingerprint:
-                records = await asyncio.to_thread(self._store.load_catalog)
+                records = await self._db("the catalog's read", self._store.load_catalog)
                 state.catalog = await asyncio.to_thread(self._build, fingerprint, records)
                 logger.info(
                     "catalog loaded: %d tools, %d without embeddings",
@@ -194,6 +201,9 @@ class SurfaceCore:
         if catalog.missing_vectors and self._embedder is not None:
             self._start_embedding()
         return catalog
+
+    async def _db(self, what: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        return await db_thread(self._db_wait_s, what, fn, *args, **kwargs)
 
     def _start_refresh(self) -> None:
         task = self._state.refresh_task
@@ -260,7 +270,7 @@ class SurfaceCore:
         embedder = self._embedder
         if embedder is None:
             return 0
-        records = await asyncio.to_thread(self._store.load_catalog)
+        records = await self._db("the catalog's read", self._store.load_catalog)
         todo = [
             r
             for r in records
@@ -273,7 +283,7 @@ class SurfaceCore:
         for start in range(0, len(todo), EMBED_BATCH):
             batch = todo[start : start + EMBED_BATCH]
             if start:
-                done = await asyncio.to_thread(self._store.embedded_ids)
+                done = await self._db("the embeddings' read", self._store.embedded_ids)
                 batch = [r for r in batch if r.id not in done]
                 if not batch:
                     continue
@@ -284,7 +294,7 @@ class SurfaceCore:
                 (r.id, r.version, encode_vector(embedder.model_id, vectors[i]))
                 for i, r in enumerate(batch)
             ]
-            stored += await asyncio.to_thread(self._store.save_embeddings, items)
+            stored += await self._db("the embeddings' write", self._store.save_embeddings, items)
         if todo:
             logger.info("embedded %d tools (%d stored)", len(todo), stored)
         await self.catalog(force=True)
@@ -304,7 +314,9 @@ class SurfaceCore:
         cache = self._floor
         if self._clock() < cache.expires:
             return cache.names
-        stored = parse_floor(await asyncio.to_thread(self._store.read_seed, SEED_KEY))
+        stored = parse_floor(
+            await self._db("the Tier-0 floor's read", self._store.read_seed, SEED_KEY)
+        )
         if stored is None:
             base, source = STATIC_FLOOR, "static"
         else:
@@ -321,8 +333,8 @@ class SurfaceCore:
     async def derive_tier0(self) -> Derivation:
         """Re-derive the floor from usage and surface misses and store it in the seed log."""
         now = self._now()
-        usage = await asyncio.to_thread(self._store.usage_counts, now)
-        misses = await asyncio.to_thread(self._store.miss_counts, now)
+        usage = await self._db("the usage counts' read", self._store.usage_counts, now)
+        misses = await self._db("the surface misses' read", self._store.miss_counts, now)
         catalog = await self.catalog()
         # The floor is every tenant's: only tools every tenant may see are eligible (a
         # tenant's own tool, however used, would be skipped for the others and named to them).
@@ -330,7 +342,9 @@ class SurfaceCore:
             n for n, t in catalog.tools.items() if t.category != "internal" and t.tenant_id == "*"
         ]
         derivation = derive_tier0(compute_scores(usage, misses), eligible=live)
-        await asyncio.to_thread(self._store.write_seed, SEED_KEY, encode_floor(derivation))
+        await self._db(
+            "the Tier-0 floor's write", self._store.write_seed, SEED_KEY, encode_floor(derivation)
+        )
         self._floor = _FloorCache()  # this replica sees it at once; others within the TTL
         logger.info("tier0 derived: %d tools", len(derivation.names))
         return derivation
@@ -343,7 +357,7 @@ class SurfaceCore:
         cached = self._state.models.get(model)
         if cached is not None and self._clock() < cached.expires:
             return cached.value
-        cfg = await asyncio.to_thread(self._models.get, model)
+        cfg = await self._db("the model configuration's read", self._models.get, model)
         self._state.models[model] = _Cached(self._clock() + MODEL_CACHE_TTL_S, cfg)
         return cfg
 
@@ -359,7 +373,8 @@ class SurfaceCore:
         catalog = await self.catalog()
         floor = await self.resolve_floor_names()
         working = (
-            await asyncio.to_thread(
+            await self._db(
+                "the working set's read",
                 self._store.working_set,
                 caller.conversation_id,
                 caller.namespace_id,
@@ -427,8 +442,12 @@ class SurfaceCore:
                 "conversation_id is required",
                 field_violations=[("conversation_id", "must not be empty")],
             )
-        return await asyncio.to_thread(
-            self._store.working_set, conversation_id, namespace_id, tenant_id
+        return await self._db(
+            "the working set's read",
+            self._store.working_set,
+            conversation_id,
+            namespace_id,
+            tenant_id,
         )
 
     # --- search -------------------------------------------------------------------------------
@@ -501,7 +520,8 @@ class SurfaceCore:
         added: list[str] = []
         if wanted:
             floor = frozenset(await self.resolve_floor_names())
-            result = await asyncio.to_thread(
+            result = await self._db(
+                "the working set's write",
                 functools.partial(
                     self._store.page_in_checked,
                     caller.conversation_id,
@@ -511,7 +531,7 @@ class SurfaceCore:
                     self._now(),
                     tenant_id=caller.tenant_id,
                     room=room,
-                )
+                ),
             )
             added = result.added
             # A name another search of the conversation paged in meanwhile is there already.
@@ -532,10 +552,10 @@ class SurfaceCore:
     # --- model configs ------------------------------------------------------------------------
 
     async def list_models(self) -> list[ModelConfig]:
-        return await asyncio.to_thread(self._models.list)
+        return await self._db("the model configurations' read", self._models.list)
 
     async def upsert_model(self, cfg: ModelConfig) -> ModelConfig:
-        stored = await asyncio.to_thread(self._models.upsert, cfg)
+        stored = await self._db("the model configuration's write", self._models.upsert, cfg)
         self._state.models.pop(cfg.model, None)
         return stored
 

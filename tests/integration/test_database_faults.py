@@ -615,6 +615,18 @@ def test_a_frozen_postgres_answers_unavailable_after_the_wait_then_serves_again(
         assert one.code == "UNAVAILABLE" and one.reason == "DATABASE_UNAVAILABLE", (what, one)
         assert "did not answer" in one.details and "TOOLMESH_DB_WAIT_S" in one.details, one
         assert DB_WAIT_S <= one.seconds < DEADLINE_S / 2, (what, one)
+    # Every other service the same way, each call after the last one's wait (a wait ended
+    # leaves its connection blocked until the server runs again: the next call must not wait
+    # behind it).
+    with pg_up.server.frozen():
+        others = call_each(services.every_rpc())
+    for what, one in others.items():
+        if what == "mcp_bridge Connect":  # the registry's refusal, passed on
+            assert one.code == "UNAVAILABLE" and one.seconds < DEADLINE_S / 2, (what, one)
+            continue
+        assert one.code == "UNAVAILABLE" and one.reason == "DATABASE_UNAVAILABLE", (what, one)
+        assert "did not answer" in one.details and "TOOLMESH_DB_WAIT_S" in one.details, one
+        assert DB_WAIT_S <= one.seconds < DEADLINE_S / 2, (what, one)
     wait_for(lambda: services.dispatch("frozen").ok, 30, "calls to succeed after the freeze")
     assert_every_rpc_serves(services)
     assert_no_traceback(m, pg_up.second_dispatcher)

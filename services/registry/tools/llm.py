@@ -5,7 +5,6 @@ them."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -44,7 +43,10 @@ async def _affordable_output_tokens(context: ToolContext, requested: int | None)
     if remaining is None or context.llm_clients is None:
         return requested
     try:
-        cfg = (await asyncio.to_thread(context.llm_clients, ROLE_CALL_LLM)).config
+        client = await context.db(
+            "the model configuration's read", context.llm_clients, ROLE_CALL_LLM
+        )
+        cfg = client.config
     except ToolmeshError:
         return requested  # context.llm raises the same error, with its reason
     if cfg.output_price_per_mtok <= 0:
@@ -144,7 +146,8 @@ async def query_telemetry(inputs: dict[str, Any], context: ToolContext) -> ToolR
         tenant = context.tenant_id
     group_by = str(inputs.get("group_by") or "tool")
     hours = float(inputs.get("since_hours") or 24)
-    stats, _since = await asyncio.to_thread(
+    stats, _since = await context.db(
+        "the usage statistics' query",
         usage_stats,
         context.sessions,
         group_by=group_by,
