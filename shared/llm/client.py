@@ -7,15 +7,22 @@ at a loopback fake Messages API and production at the real one with the same cod
 the mesh's trace context or baggage is sent to the provider: the SDK's HTTP client is not
 instrumented, so no traceparent/baggage header leaves the mesh.
 
-Retries are ours, not the SDK's (its `max_retries` is 0): a transient failure (connection lost,
-a body cut short or not JSON, 408/409/429/5xx/529, or `x-should-retry: true`) is tried again up
-to `max_retries` times, after the provider's `retry-after(-ms)` when it sends one and after an
-exponential backoff with jitter otherwise, but never past the call's deadline: a wait that would
-end after it fails the call at once, saying so. Each retry is an event on the chat span and the
-attempts are counted on it (`toolmesh.llm.attempts`); each attempt is its own SDK span under it.
-Permanent failures (400 prompt too long, 401/403, 404 unknown model, 413) are not retried, and
-every failure is a ToolmeshError whose reason starts with `LLM_` and whose message says what
-to do."""
+Every call streams (`messages.stream`), so a long answer is never cut by a timeout on the whole
+response: `timeout_s` bounds how long the provider may stay silent (to connect, or between two
+stream events: the API sends pings while a model thinks), and the call's deadline bounds the
+whole of it. A stream that ends before `message_stop` is a broken connection, never a partial
+answer taken as whole; an `error` event in the middle of a stream (`overloaded_error`…) is
+classified as the status its type stands for.
+
+Retries are ours, not the SDK's (its `max_retries` is 0): a transient failure (connection
+lost, a stream cut short or not readable, 408/409/429/5xx/529, or `x-should-retry: true`) is
+tried again up to `max_retries` times, after the provider's `retry-after(-ms)` when it sends
+one and after an exponential backoff with jitter otherwise, but never past the call's deadline:
+a wait that would end after it fails the call at once, saying so. Each retry is an event on the
+chat span and the attempts are counted on it (`toolmesh.llm.attempts`); each attempt is its own
+SDK span under it. Permanent failures (400 prompt too long, 401/403, 404 unknown model, 413)
+are not retried, and every failure is a ToolmeshError whose reason starts with `LLM_` and whose
+message says what to do."""
 
 from __future__ import annotations
 
@@ -51,7 +58,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RETRIES = 2
-DEFAULT_TIMEOUT_S = 120.0  # one attempt
+DEFAULT_TIMEOUT_S = 120.0  # the longest silence of the provider within one attempt
 DEFAULT_DEADLINE_S = 300.0  # the whole call: every attempt and every wait between them
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
@@ -205,10 +212,16 @@ class LLMClient:
                         )
                     timeout = min(self.timeout_s, remaining)
                     try:
-                        message = await self.sdk.messages.create(**kwargs, timeout=timeout)
+                        message = await self._streamed(kwargs, timeout, remaining)
                         reply = _reply(message, cfg, attempts=attempts, max_tokens=max_tokens)
                         break
-                    except (_sdk().APIError, _MalformedReply, ValueError) as exc:
+                    except (
+                        _sdk().APIError,
+                        _MalformedReply,
+                        _CutShort,
+                        ValueError,
+                        TimeoutError,
+                    ) as exc:
                         failure = _Failure.of(exc, timeout < self.timeout_s)
                         left = deadline - time.monotonic()
                         wait = failure.retry_after_s
@@ -263,9 +276,56 @@ class LLMClient:
             metrics.record_llm_call(cfg, time.perf_counter() - started, reply.usage)
             return reply
 
+    async def _streamed(self, kwargs: Mapping[str, Any], idle_s: float, total_s: float) -> Any:
+        """One attempt: the Message of a streamed response, read to its `message_stop` within
+        `total_s`, the provider silent for at most `idle_s` at a time (TimeoutError past
+        `total_s`; the SDK's APITimeoutError past `idle_s`)."""
+        async with asyncio.timeout(total_s):
+            async with self.sdk.messages.stream(**kwargs, timeout=idle_s) as stream:
+                kind = stream.response.headers.get("content-type", "")
+                if not kind.startswith("text/event-stream"):
+                    raise _MalformedReply(
+                        f"the response is not an event stream ({kind or 'no content-type'})"
+                    )
+                finished = False
+                try:
+                    async for event in stream:
+                        if event.type == "message_stop":
+                            finished = True
+                except _sdk().APIError:
+                    raise
+                except Exception as exc:  # an event the SDK cannot fold into the Message
+                    raise _MalformedReply(
+                        f"the response stream could not be read ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})"
+                    ) from exc
+                if not finished:
+                    raise _CutShort("the response stream ended before its message_stop event")
+                return await stream.get_final_message()
+
 
 class _MalformedReply(Exception):
     """A 200 response that is not a usable Message."""
+
+
+class _CutShort(Exception):
+    """A stream that ended, without an error, before the Message was whole."""
+
+
+# The HTTP status each error type of the Messages API stands for: an `error` event in the middle
+# of a stream arrives on a 200 response, and is classified as the status its type names.
+_ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
 
 
 def _backoff_s(attempt: int) -> float:
@@ -316,8 +376,24 @@ class _Failure:
         sdk = _sdk()
         if isinstance(exc, sdk.APITimeoutError):
             return _Failure("timeout", True, error_type="timeout", clamped=clamped)
+        if isinstance(exc, TimeoutError):  # the call's deadline ran out mid-stream
+            return _Failure("timeout", True, error_type="timeout", clamped=True)
         if isinstance(exc, sdk.APIConnectionError):
             return _Failure("connection", True, error_type="connection", message=str(exc))
+        if isinstance(exc, _CutShort):
+            return _Failure("connection", True, error_type="stream_cut", message=str(exc))
+        if isinstance(exc, sdk.APIStatusError) and 200 <= int(exc.status_code) < 300:
+            # An `error` event mid-stream: its type says what failed; the 200's headers do not.
+            error_type, message = _error_body(exc)
+            status = _ERROR_TYPE_STATUS.get(error_type, 500)
+            return _Failure(
+                "status",
+                status in (408, 409, 429) or status >= 500,
+                status=status,
+                error_type=error_type or "stream_error",
+                message=f"{message} (an error event mid-stream)".lstrip(),
+                request_id=str(getattr(exc, "request_id", "") or ""),
+            )
         if isinstance(exc, sdk.APIStatusError):
             status = int(exc.status_code)
             error_type, message = _error_body(exc)
@@ -498,7 +574,11 @@ def _translate(
         tail = ""
     s = failure.status
     if failure.kind == "timeout":
-        what = "the call's deadline" if failure.clamped else "the per-attempt timeout"
+        what = (
+            "the call's deadline"
+            if failure.clamped
+            else "the per-attempt timeout (the longest silence allowed while it answers)"
+        )
         return DeadlineExceeded(
             f"LLM provider did not answer within {what}{tail}",
             reason="LLM_TIMEOUT",

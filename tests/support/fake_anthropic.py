@@ -42,6 +42,9 @@ class Reply:
     usage: dict[str, Any] | None = None  # the usage object verbatim (fields may be missing)
     raw: bytes | None = None  # the body verbatim (with `status`), e.g. malformed JSON
     truncate: bool = False  # send half the body (or of the stream's events), then close
+    pace_s: float = 0.0  # a streamed reply's pause before each event (a slow model)
+    stall_after: int | None = None  # a streamed reply goes silent after this many events
+    stream_error: str = ""  # a streamed reply sends an `error` event of this type halfway
     delay_s: float = 0.0  # answer this late, unless the client disconnects first
 
     def content(self) -> list[dict[str, Any]]:
@@ -134,7 +137,7 @@ class FakeAnthropic:
                     return
                 message = fake._message(body, reply)
                 if body.get("stream"):
-                    self._stream(message, truncate=reply.truncate)
+                    self._stream(message, reply)
                 else:
                     self._send(200, message, reply.headers, truncate=reply.truncate)
 
@@ -172,16 +175,34 @@ class FakeAnthropic:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
 
-            def _stream(self, message: dict[str, Any], *, truncate: bool = False) -> None:
+            def _stream(self, message: dict[str, Any], reply: Reply) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("connection", "close")
+                self.send_header("request-id", "req_fake")
                 self.end_headers()
                 events = list(_sse_events(message))
-                for event, data in events[: len(events) // 2] if truncate else events:
-                    self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-                    self.wfile.flush()
+                half = len(events) // 2
+                if reply.stream_error:
+                    error = _error(reply.stream_error, reply.error_message)
+                    events = [*events[:half], ("error", error)]
+                elif reply.truncate:
+                    events = events[:half]
                 self.close_connection = True
+                try:
+                    for n, (event, data) in enumerate(events):
+                        if reply.stall_after is not None and n >= reply.stall_after:
+                            self._wait(30)  # silent until the client gives up
+                            return
+                        if reply.pace_s and not self._wait(reply.pace_s):
+                            with fake._lock:
+                                fake.disconnects += 1
+                            return
+                        self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    with fake._lock:
+                        fake.disconnects += 1
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -242,7 +263,8 @@ def _error(kind: str, message: str) -> dict[str, Any]:
 
 def _sse_events(message: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     start = {**message, "content": [], "stop_reason": None}
-    start["usage"] = {**message["usage"], "output_tokens": 0}
+    usage = message["usage"]  # a scripted usage stays as scripted (fields may be missing)
+    start["usage"] = {**usage, "output_tokens": 0} if "output_tokens" in usage else dict(usage)
     yield "message_start", {"type": "message_start", "message": start}
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
@@ -264,6 +286,11 @@ def _sse_events(message: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
                         "delta": {"type": "text_delta", "text": text[i : i + 8]},
                     },
                 )
+        elif "input" not in block:  # thinking, future block types: whole in their start event
+            yield (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": block},
+            )
         else:
             yield (
                 "content_block_start",
@@ -290,7 +317,7 @@ def _sse_events(message: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
         {
             "type": "message_delta",
             "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": message["usage"].get("output_tokens", 0)},
+            "usage": {k: v for k, v in usage.items() if k == "output_tokens"},
         },
     )
     yield "message_stop", {"type": "message_stop"}

@@ -197,6 +197,37 @@ async def test_a_malformed_or_cut_body_is_retried_then_a_clear_error(fake: FakeA
         await client.aclose()
 
 
+async def test_an_error_event_mid_stream_is_classified_by_its_type(
+    fake: FakeAnthropic, spans: InMemorySpanExporter
+) -> None:
+    """The API can fail after its 200: an `error` event in the stream. Overload is retried; an
+    invalid request is not, and says what the provider said."""
+    fake.script(Reply(text="a" * 100, stream_error="overloaded_error"), Reply(text="whole"))
+    client = client_of(fake, max_retries=1)
+    try:
+        reply = await client.complete(ASK)
+        assert reply.text == "whole" and reply.attempts == 2
+        (event,) = [e for e in chat_span(spans).events if e.name == llm_client.LLM_RETRY_EVENT]
+        assert event.attributes is not None and event.attributes["error.type"] == "overloaded_error"
+        fake.script(*[Reply(text="b" * 50, stream_error="overloaded_error") for _ in range(2)])
+        with pytest.raises(Unavailable) as overloaded_twice:
+            await client.complete(ASK)
+        assert overloaded_twice.value.reason == "LLM_UNAVAILABLE"
+        assert "529 overloaded_error" in overloaded_twice.value.message
+        assert "mid-stream" in overloaded_twice.value.message
+        assert overloaded_twice.value.metadata["attempts"] == "2"
+        sent = len(fake.requests)
+        fake.script(
+            Reply(text="c" * 50, stream_error="invalid_request_error", error_message="bad tool")
+        )
+        with pytest.raises(InvalidArgument) as invalid:
+            await client.complete(ASK)
+    finally:
+        await client.aclose()
+    assert len(fake.requests) == sent + 1
+    assert invalid.value.reason == "LLM_INVALID_REQUEST" and "bad tool" in invalid.value.message
+
+
 # --- replies --------------------------------------------------------------------------------
 
 
@@ -269,6 +300,55 @@ async def test_slow_attempts_time_out_and_the_deadline_bounds_every_retry(
         await client.aclose()
     assert time.monotonic() - started < 2.5
     assert caught.value.reason == "LLM_TIMEOUT"
+
+
+async def test_every_call_streams_so_a_long_answer_outlasts_the_attempt_timeout(
+    fake: FakeAnthropic,
+) -> None:
+    """`timeout_s` bounds the provider's silences, not the answer's length: a model writing for
+    longer than it, an event at a time, is read to the end in one attempt."""
+    fake.script(Reply(text="x" * 96, tool_uses=[{"name": "t", "input": {"a": 1}}], pace_s=0.08))
+    client = client_of(fake, timeout_s=0.5, deadline_s=20)
+    started = time.monotonic()
+    try:
+        reply = await client.complete(ASK)
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started > 1.0  # twice the attempt timeout, and more
+    assert reply.text == "x" * 96 and reply.attempts == 1 and reply.stop_reason == "tool_use"
+    assert reply.tool_uses == ({"id": "toolu_fake_0", "name": "t", "input": {"a": 1}},)
+    assert reply.usage.output_tokens == 5 and reply.cost_usd > 0
+    assert fake.requests[0].body["stream"] is True
+
+
+async def test_a_stream_that_goes_silent_times_out_and_is_retried(fake: FakeAnthropic) -> None:
+    fake.script(Reply(text="y" * 64, stall_after=3), Reply(text="second"))
+    client = client_of(fake, timeout_s=0.5, deadline_s=20)
+    started = time.monotonic()
+    try:
+        reply = await client.complete(ASK)
+    finally:
+        await client.aclose()
+    assert reply.text == "second" and reply.attempts == 2
+    assert time.monotonic() - started < 5
+
+
+async def test_the_deadline_bounds_a_stream_that_keeps_trickling(fake: FakeAnthropic) -> None:
+    fake.script(*[Reply(text="z" * 800, pace_s=0.05) for _ in range(4)])
+    client = client_of(fake, max_retries=3, timeout_s=0.5, deadline_s=1.2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeadlineExceeded) as caught:
+            await asyncio.wait_for(client.complete(ASK), 10)
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started < 2.5
+    assert caught.value.reason == "LLM_TIMEOUT" and "the call's deadline" in caught.value.message
+    for _ in range(100):  # the abandoned stream's connection is closed, not left open
+        if fake.disconnects:
+            break
+        await asyncio.sleep(0.02)
+    assert fake.disconnects >= 1
 
 
 async def test_cancelling_the_call_aborts_its_http_request(
