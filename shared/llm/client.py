@@ -12,7 +12,8 @@ response: `timeout_s` bounds how long the provider may stay silent (to connect, 
 stream events: the API sends pings while a model thinks), and the call's deadline bounds the
 whole of it. A stream that ends before `message_stop` is a broken connection, never a partial
 answer taken as whole; an `error` event in the middle of a stream (`overloaded_error`…) is
-classified as the status its type stands for.
+classified as the status its type stands for. An endpoint that ignores `stream` (some gateways
+and local fakes) and answers with the whole Message as JSON is read as such.
 
 Retries are ours, not the SDK's (its `max_retries` is 0): a transient failure (connection
 lost, a stream cut short or not readable, 408/409/429/5xx/529, or `x-should-retry: true`) is
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import os
 import random
@@ -35,6 +37,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -284,9 +287,9 @@ class LLMClient:
             async with self.sdk.messages.stream(**kwargs, timeout=idle_s) as stream:
                 kind = stream.response.headers.get("content-type", "")
                 if not kind.startswith("text/event-stream"):
-                    raise _MalformedReply(
-                        f"the response is not an event stream ({kind or 'no content-type'})"
-                    )
+                    # An endpoint that ignores `stream` (some gateways and local fakes) answers
+                    # with the whole Message as JSON: taken as it is.
+                    return await _whole_message(stream.response, kind)
                 finished = False
                 try:
                     async for event in stream:
@@ -302,6 +305,26 @@ class LLMClient:
                 if not finished:
                     raise _CutShort("the response stream ended before its message_stop event")
                 return await stream.get_final_message()
+
+
+async def _whole_message(response: Any, kind: str) -> Any:
+    """The Message of a 200 response that is not an event stream: its JSON body, with its
+    content blocks as objects (the shape `_reply` reads)."""
+    try:
+        body = await response.aread()
+    except Exception as exc:  # the body broke off: httpx's own errors, unwrapped here
+        raise _CutShort(f"the response body broke off ({type(exc).__name__})") from exc
+    try:
+        data = json.loads(body)
+    except ValueError:
+        shown = kind or "no content-type"
+        raise _MalformedReply(
+            f"the response is neither an event stream nor JSON ({shown})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        raise _MalformedReply("the response has no content list")
+    blocks = [SimpleNamespace(**b) if isinstance(b, dict) else b for b in data["content"]]
+    return SimpleNamespace(**{**data, "content": blocks})
 
 
 class _MalformedReply(Exception):

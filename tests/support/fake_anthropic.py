@@ -45,6 +45,7 @@ class Reply:
     pace_s: float = 0.0  # a streamed reply's pause before each event (a slow model)
     stall_after: int | None = None  # a streamed reply goes silent after this many events
     stream_error: str = ""  # a streamed reply sends an `error` event of this type halfway
+    ignore_stream: bool = False  # answer a `stream: true` request with the whole JSON Message
     delay_s: float = 0.0  # answer this late, unless the client disconnects first
 
     def content(self) -> list[dict[str, Any]]:
@@ -136,7 +137,7 @@ class FakeAnthropic:
                     )
                     return
                 message = fake._message(body, reply)
-                if body.get("stream"):
+                if body.get("stream") and not reply.ignore_stream:
                     self._stream(message, reply)
                 else:
                     self._send(200, message, reply.headers, truncate=reply.truncate)

@@ -321,6 +321,37 @@ async def test_every_call_streams_so_a_long_answer_outlasts_the_attempt_timeout(
     assert fake.requests[0].body["stream"] is True
 
 
+async def test_an_endpoint_that_ignores_stream_answers_with_its_whole_message(
+    fake: FakeAnthropic,
+) -> None:
+    """Some gateways and local fakes answer `stream: true` with one JSON Message: it is read as
+    it is, blocks, usage and cost alike; a cut one is retried like a cut stream."""
+    fake.script(
+        Reply(
+            text="whole",
+            tool_uses=[{"name": "t", "input": {"k": [1, 2]}}],
+            blocks=[{"type": "thinking", "thinking": "hm", "signature": "s"}],
+            cache_read_tokens=100,
+            ignore_stream=True,
+        ),
+        Reply(text="cut" * 50, ignore_stream=True, truncate=True),
+        Reply(text="again", ignore_stream=True),
+    )
+    client = client_of(fake, max_retries=1)
+    try:
+        reply = await client.complete(ASK)
+        assert reply.text == "whole" and reply.attempts == 1 and reply.stop_reason == "tool_use"
+        assert reply.tool_uses == ({"id": "toolu_fake_0", "name": "t", "input": {"k": [1, 2]}},)
+        assert reply.usage == Usage(10, 5, 100, 0, 0) and reply.usage_reported
+        assert reply.cost_usd == pytest.approx(cost_usd(Usage(10, 5, 100), SONNET))
+        assert reply.response_id.startswith("msg_fake_")
+        retried = await client.complete(ASK)
+    finally:
+        await client.aclose()
+    assert retried.text == "again" and retried.attempts == 2
+    assert all(r.body["stream"] is True for r in fake.requests)
+
+
 async def test_a_stream_that_goes_silent_times_out_and_is_retried(fake: FakeAnthropic) -> None:
     fake.script(Reply(text="y" * 64, stall_after=3), Reply(text="second"))
     client = client_of(fake, timeout_s=0.5, deadline_s=20)
