@@ -10,8 +10,8 @@ instrumented, so no traceparent/baggage header leaves the mesh.
 Every call streams (`messages.stream`), so a long answer is never cut by a timeout on the whole
 response: `timeout_s` bounds how long the provider may stay silent (to connect, or between two
 stream events: the API sends pings while a model thinks), and the call's deadline bounds the
-whole of it. A stream that ends before `message_stop` is a broken connection, never a partial
-answer taken as whole; an `error` event in the middle of a stream (`overloaded_error`…) is
+whole of it. A stream that ends before the message's stop reason is a broken connection, never
+a partial answer taken as whole; an `error` event in the middle of a stream (`overloaded_error`…) is
 classified as the status its type stands for. An endpoint that ignores `stream` (some gateways
 and local fakes) and answers with the whole Message as JSON is read as such.
 
@@ -280,7 +280,7 @@ class LLMClient:
             return reply
 
     async def _streamed(self, kwargs: Mapping[str, Any], idle_s: float, total_s: float) -> Any:
-        """One attempt: the Message of a streamed response, read to its `message_stop` within
+        """One attempt: the Message of a streamed response, read to its stop reason within
         `total_s`, the provider silent for at most `idle_s` at a time (TimeoutError past
         `total_s`; the SDK's APITimeoutError past `idle_s`)."""
         async with asyncio.timeout(total_s):
@@ -290,10 +290,15 @@ class LLMClient:
                     # An endpoint that ignores `stream` (some gateways and local fakes) answers
                     # with the whole Message as JSON: taken as it is.
                     return await _whole_message(stream.response, kind)
+                # Whole once the stop reason came (`message_delta`; an endpoint may leave out
+                # the `message_stop` after it), cut short if the stream ends before.
                 finished = False
                 try:
                     async for event in stream:
-                        if event.type == "message_stop":
+                        if event.type == "message_stop" or (
+                            event.type == "message_delta"
+                            and getattr(getattr(event, "delta", None), "stop_reason", None)
+                        ):
                             finished = True
                 except _sdk().APIError:
                     raise
@@ -303,7 +308,7 @@ class LLMClient:
                         f"{str(exc)[:200]})"
                     ) from exc
                 if not finished:
-                    raise _CutShort("the response stream ended before its message_stop event")
+                    raise _CutShort("the response stream ended before the message did")
                 return await stream.get_final_message()
 
 

@@ -46,6 +46,7 @@ class Reply:
     stall_after: int | None = None  # a streamed reply goes silent after this many events
     stream_error: str = ""  # a streamed reply sends an `error` event of this type halfway
     ignore_stream: bool = False  # answer a `stream: true` request with the whole JSON Message
+    omit_message_stop: bool = False  # a streamed reply ends after its message_delta
     delay_s: float = 0.0  # answer this late, unless the client disconnects first
 
     def content(self) -> list[dict[str, Any]]:
@@ -189,6 +190,8 @@ class FakeAnthropic:
                     events = [*events[:half], ("error", error)]
                 elif reply.truncate:
                     events = events[:half]
+                elif reply.omit_message_stop:
+                    events = events[:-1]
                 self.close_connection = True
                 try:
                     for n, (event, data) in enumerate(events):

@@ -352,6 +352,18 @@ async def test_an_endpoint_that_ignores_stream_answers_with_its_whole_message(
     assert all(r.body["stream"] is True for r in fake.requests)
 
 
+async def test_a_stream_whole_up_to_its_stop_reason_needs_no_message_stop(
+    fake: FakeAnthropic,
+) -> None:
+    fake.script(Reply(text="done", omit_message_stop=True))
+    client = client_of(fake, max_retries=0)
+    try:
+        reply = await client.complete(ASK)
+    finally:
+        await client.aclose()
+    assert reply.text == "done" and reply.stop_reason == "end_turn" and reply.attempts == 1
+
+
 async def test_a_stream_that_goes_silent_times_out_and_is_retried(fake: FakeAnthropic) -> None:
     fake.script(Reply(text="y" * 64, stall_after=3), Reply(text="second"))
     client = client_of(fake, timeout_s=0.5, deadline_s=20)
