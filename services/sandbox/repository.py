@@ -13,6 +13,7 @@ the job's new owner (LeaseLost)."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.db.engine import translate_db_errors
@@ -107,6 +109,13 @@ _TOOL_FIELDS = tuple(f for f in CustomTool.__dataclass_fields__)
 
 def _tool(row: ToolDefinitionRow) -> CustomTool:
     return CustomTool(**{f: getattr(row, f) for f in _TOOL_FIELDS})
+
+
+def keyed_job_id(tenant_id: str, request_id: str) -> str:
+    """The id of the job a submission with idempotency key `request_id` queues: the same for
+    the same tenant and key, distinct (96 bits of SHA-256) otherwise."""
+    digest = hashlib.sha256(f"{tenant_id}\x00{request_id}".encode()).hexdigest()
+    return "k" + digest[:24]
 
 
 def _job(row: ToolJobRow) -> Job:
@@ -291,10 +300,11 @@ class SqlSandboxRepository:
         spec: dict[str, Any],
         job_type: str = "build",
         conversation_id: str | None = None,
+        job_id: str = "",
     ) -> Job:
         with translate_db_errors(), self._sessions.begin() as s:
             row = ToolJobRow(
-                id=uuid.uuid4().hex[:12],
+                id=job_id or uuid.uuid4().hex[:12],
                 tool_name=tool_name,
                 job_type=job_type,
                 status="queued",
@@ -306,6 +316,46 @@ class SqlSandboxRepository:
             s.add(row)
             s.flush()
             return _job(row)
+
+    def create_keyed_job(
+        self,
+        *,
+        request_id: str,
+        tenant_id: str,
+        tool_name: str,
+        spec: dict[str, Any],
+        conversation_id: str | None = None,
+    ) -> tuple[Job, bool]:
+        """A build job submitted with an idempotency key: the job the tenant's first submission
+        with `request_id` queued, and whether it was that earlier one (True) rather than queued
+        now. Its id is derived from tenant and key, so two submissions racing on any replica
+        insert the same primary key and one of them reads the other's job. The same key with
+        another request or tool name is AlreadyExists."""
+        job_id = keyed_job_id(tenant_id, request_id)
+        spec = {**spec, "request_id": request_id}
+        try:
+            job = self.create_job(
+                tenant_id=tenant_id,
+                tool_name=tool_name,
+                spec=spec,
+                conversation_id=conversation_id,
+                job_id=job_id,
+            )
+            return job, False
+        except IntegrityError as exc:
+            try:
+                earlier = self.get_job(job_id, tenant_id)
+            except NotFound:
+                raise exc from None  # not the key's job: some other constraint failed
+        same = all(earlier.spec.get(k) == spec.get(k) for k in ("request", "tool_name"))
+        if not same:
+            raise AlreadyExists(
+                f"request_id {request_id!r} was already used for another build request "
+                f"(job {job_id}); a new request needs a new request_id",
+                reason="REQUEST_ID_REUSED",
+                metadata={"job_id": job_id},
+            )
+        return earlier, True
 
     def get_job(self, job_id: str, tenant_id: str) -> Job:
         with translate_db_errors(), self._sessions() as s:

@@ -39,6 +39,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
+MAX_REQUEST_ID_CHARS = 128  # a SubmitBuildJob idempotency key
 JOB_STATUS_VALUES = {
     "queued": spb.JOB_STATUS_QUEUED,
     "building": spb.JOB_STATUS_BUILDING,
@@ -343,6 +344,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             violations.append(("context.tenant_id", "required"))
         if request.tool_name and not NAME_RE.match(request.tool_name):
             violations.append(("tool_name", "must match [a-zA-Z0-9_-]{1,64}"))
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS or not request.request_id.isprintable():
+            violations.append(
+                ("request_id", f"at most {MAX_REQUEST_ID_CHARS} printable characters")
+            )
         if violations:
             raise InvalidArgument(
                 "invalid build job: " + "; ".join(f"{f} {d}" for f, d in violations),
@@ -359,17 +364,30 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     reason="TOOL_NAME_TAKEN",
                     metadata={"tool": request.tool_name},
                 )
-        job = await self._db(
-            "the build job's write",
-            self._repo.create_job,
-            tenant_id=tenant,
-            tool_name=request.tool_name,
-            spec={"request": request.request, "tool_name": request.tool_name},
-            conversation_id=request.context.conversation_id,
-        )
-        if self._on_job_submitted is not None:
+        spec = {"request": request.request, "tool_name": request.tool_name}
+        replayed = False
+        if request.request_id:
+            job, replayed = await self._db(
+                "the build job's write",
+                self._repo.create_keyed_job,
+                request_id=request.request_id,
+                tenant_id=tenant,
+                tool_name=request.tool_name,
+                spec=spec,
+                conversation_id=request.context.conversation_id,
+            )
+        else:
+            job = await self._db(
+                "the build job's write",
+                self._repo.create_job,
+                tenant_id=tenant,
+                tool_name=request.tool_name,
+                spec=spec,
+                conversation_id=request.context.conversation_id,
+            )
+        if self._on_job_submitted is not None and not replayed:
             self._on_job_submitted()
-        return spb.SubmitBuildJobResponse(job=job_to_pb(job))
+        return spb.SubmitBuildJobResponse(job=job_to_pb(job), replayed=replayed)
 
     async def GetJob(
         self, request: spb.GetJobRequest, context: grpc.aio.ServicerContext

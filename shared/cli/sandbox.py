@@ -3,7 +3,8 @@
     toolmesh tools add --code FILE --schema FILE   register (or update) a custom tool as a draft
     toolmesh tools approve|reject NAME             the sandbox's SetCustomToolStatus (a system or
                                                    MCP tool: the registry's SetToolStatus)
-    toolmesh jobs build "…" | list | show ID       the sandbox's tool-building jobs
+    toolmesh jobs build "…" [--request-id K] | list | show ID
+                                                   the sandbox's tool-building jobs
 
 Every call sends TOOLMESH_API_KEY, when set, as a bearer token (shared.clients.cli_channel); a
 sandbox with API keys configured then acts for the key's tenant, which is also the default
@@ -219,14 +220,21 @@ def cmd_jobs_build(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with service_channel("sandbox", address) as channel:
             stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
-            job = stub.SubmitBuildJob(
+            submitted = stub.SubmitBuildJob(
                 spb.SubmitBuildJobRequest(
                     request=args.request,
                     tool_name=args.name or "",
                     context=pb.CallContext(tenant_id=_tenant(args), user_id="cli"),
+                    request_id=args.request_id or "",
                 ),
                 timeout=30,
-            ).job
+            )
+            job = submitted.job
+            if submitted.replayed:
+                echo(
+                    f"request id {args.request_id!r} was submitted before: its job {job.id}",
+                    file=sys.stderr,
+                )
             deadline = time.monotonic() + args.wait
             while args.wait > 0 and job.status not in FINAL_JOB_STATES:
                 if time.monotonic() > deadline:
@@ -342,6 +350,10 @@ def add_subcommands(sub: Any) -> None:
     p = jobs_sub.add_parser("build", help="queue a natural-language tool build")
     p.add_argument("request", help="what the tool should do")
     p.add_argument("--name", help="proposed tool name")
+    p.add_argument(
+        "--request-id",
+        help="idempotency key: submitting again with it returns the first submission's job",
+    )
     p.add_argument(
         "--wait", type=wait_seconds, default=0.0, help="seconds to wait for a final state"
     )

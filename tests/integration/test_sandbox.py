@@ -342,6 +342,55 @@ def test_the_cli_adds_approves_and_builds_tools(
     assert toolmesh(["jobs", "show", job["id"], "--tenant", "tenant-b"]) == 2  # not theirs
 
 
+def test_a_build_submitted_again_with_its_request_id_is_built_once(
+    smesh: Mesh,
+    fake_llm: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A retried submission (the answer lost, UNAVAILABLE) must not build, and pay for, the
+    tool twice: with an idempotency key it gets the first submission's job."""
+    monkeypatch.setenv("TOOLMESH_SANDBOX_ADDR", smesh.address("sandbox"))
+    build = {
+        "name": "quadruple",
+        "description": "Quadruples n.",
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+        "code": "result = inputs.get('n', 0) * 4",
+        "tests": [{"inputs": {"n": 2}, "expect": "8"}],
+    }
+    sent = len(fake_llm.requests)
+    fake_llm.script(
+        Reply(text=json.dumps(build)), Reply(text='{"verdict": "approve", "reason": "fine"}')
+    )
+    argv = ["jobs", "build", "quadruple a number", "--tenant", "tenant-a", "--json"]
+    capsys.readouterr()
+    assert toolmesh([*argv, "--request-id", "order-7", "--wait", "60"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["status"] == "JOB_STATUS_APPROVED", first
+    assert toolmesh([*argv, "--request-id", "order-7"]) == 0
+    out = capsys.readouterr()
+    again = json.loads(out.out)
+    assert again["id"] == first["id"] and again["status"] == "JOB_STATUS_APPROVED"
+    assert "submitted before" in out.err
+    assert len(fake_llm.requests) == sent + 2  # one builder and one auditor call: built once
+
+    stub, ctx = sandbox(smesh), pb.CallContext(tenant_id="tenant-a")
+    replay = stub.SubmitBuildJob(
+        spb.SubmitBuildJobRequest(request="quadruple a number", context=ctx, request_id="order-7"),
+        timeout=30,
+    )
+    assert replay.replayed and replay.job.id == first["id"]
+    other = spb.SubmitBuildJobRequest(request="halve a number", context=ctx, request_id="order-7")
+    assert refused(stub.SubmitBuildJob, other) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "REQUEST_ID_REUSED",
+    )
+    for bad in ("x" * 129, "tab\there"):
+        malformed = spb.SubmitBuildJobRequest(request="q", context=ctx, request_id=bad)
+        assert refused(stub.SubmitBuildJob, malformed)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert smesh.call("quadruple", '{"n": 5}').result.content == "20"
+
+
 def test_nested_calls_are_traced_and_costed_under_the_parent_call(smesh: Mesh) -> None:
     add(
         smesh,

@@ -26,17 +26,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from toolmesh.type.v1 import types_pb2 as toolmesh_dot_type_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!toolmesh/sandbox/v1/sandbox.proto\x12\x13toolmesh.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"\x80\x01\n\x0f\x45xecutionLimits\x12\x14\n\x0cwall_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x04 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\x05\"\xd2\x01\n\x0e\x45xecuteRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x34\n\x06limits\x18\x05 \x01(\x0b\x32$.toolmesh.sandbox.v1.ExecutionLimits\x12%\n\x02\x64\x66\x18\x06 \x01(\x0b\x32\x19.toolmesh.type.v1.Dataset\"i\n\x0f\x45xecuteResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x14\n\x0c\x65xecution_ms\x18\x02 \x01(\x01\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\"K\n\x19RegisterCustomToolRequest\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"L\n\x1aRegisterCustomToolResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"{\n\x1aSetCustomToolStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0e\n\x06reason\x18\x04 \x01(\t\"M\n\x1bSetCustomToolStatusResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"\xce\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12.\n\x08job_type\x18\x03 \x01(\x0e\x32\x1c.toolmesh.sandbox.v1.JobType\x12.\n\x06status\x18\x04 \x01(\x0e\x32\x1e.toolmesh.sandbox.v1.JobStatus\x12\x11\n\tspec_json\x18\x05 \x01(\t\x12\x13\n\x0bresult_json\x18\x06 \x01(\t\x12\x14\n\x0cprogress_pct\x18\x07 \x01(\x05\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"k\n\x15SubmitBuildJobRequest\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\"?\n\x16SubmitBuildJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.toolmesh.sandbox.v1.Job\".\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.toolmesh.sandbox.v1.Job\"3\n\x0fListJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\":\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.toolmesh.sandbox.v1.Job*\xb8\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x17\n\x13JOB_STATUS_BUILDING\x10\x02\x12\x16\n\x12JOB_STATUS_TESTING\x10\x03\x12\x17\n\x13JOB_STATUS_APPROVED\x10\x04\x12\x17\n\x13JOB_STATUS_REJECTED\x10\x05\x12\x15\n\x11JOB_STATUS_FAILED\x10\x06*a\n\x07JobType\x12\x18\n\x14JOB_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_TYPE_BUILD\x10\x01\x12\x12\n\x0eJOB_TYPE_AUDIT\x10\x02\x12\x14\n\x10JOB_TYPE_REBUILD\x10\x03\x32\xee\x04\n\x0eSandboxService\x12T\n\x07\x45xecute\x12#.toolmesh.sandbox.v1.ExecuteRequest\x1a$.toolmesh.sandbox.v1.ExecuteResponse\x12u\n\x12RegisterCustomTool\x12..toolmesh.sandbox.v1.RegisterCustomToolRequest\x1a/.toolmesh.sandbox.v1.RegisterCustomToolResponse\x12x\n\x13SetCustomToolStatus\x12/.toolmesh.sandbox.v1.SetCustomToolStatusRequest\x1a\x30.toolmesh.sandbox.v1.SetCustomToolStatusResponse\x12i\n\x0eSubmitBuildJob\x12*.toolmesh.sandbox.v1.SubmitBuildJobRequest\x1a+.toolmesh.sandbox.v1.SubmitBuildJobResponse\x12Q\n\x06GetJob\x12\".toolmesh.sandbox.v1.GetJobRequest\x1a#.toolmesh.sandbox.v1.GetJobResponse\x12W\n\x08ListJobs\x12$.toolmesh.sandbox.v1.ListJobsRequest\x1a%.toolmesh.sandbox.v1.ListJobsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!toolmesh/sandbox/v1/sandbox.proto\x12\x13toolmesh.sandbox.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ctoolmesh/type/v1/types.proto\"\x80\x01\n\x0f\x45xecutionLimits\x12\x14\n\x0cwall_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x63pu_seconds\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x04 \x01(\x03\x12\x16\n\x0emax_tool_calls\x18\x05 \x01(\x05\"\xd2\x01\n\x0e\x45xecuteRequest\x12\x11\n\ttool_name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12.\n\x07\x63ontext\x18\x04 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x34\n\x06limits\x18\x05 \x01(\x0b\x32$.toolmesh.sandbox.v1.ExecutionLimits\x12%\n\x02\x64\x66\x18\x06 \x01(\x0b\x32\x19.toolmesh.type.v1.Dataset\"i\n\x0f\x45xecuteResponse\x12,\n\x06result\x18\x01 \x01(\x0b\x32\x1c.toolmesh.type.v1.ToolResult\x12\x14\n\x0c\x65xecution_ms\x18\x02 \x01(\x01\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\"K\n\x19RegisterCustomToolRequest\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"L\n\x1aRegisterCustomToolResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"{\n\x1aSetCustomToolStatusRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.toolmesh.type.v1.ToolStatus\x12\x0e\n\x06reason\x18\x04 \x01(\t\"M\n\x1bSetCustomToolStatusResponse\x12.\n\x04tool\x18\x01 \x01(\x0b\x32 .toolmesh.type.v1.ToolDefinition\"\xce\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12.\n\x08job_type\x18\x03 \x01(\x0e\x32\x1c.toolmesh.sandbox.v1.JobType\x12.\n\x06status\x18\x04 \x01(\x0e\x32\x1e.toolmesh.sandbox.v1.JobStatus\x12\x11\n\tspec_json\x18\x05 \x01(\t\x12\x13\n\x0bresult_json\x18\x06 \x01(\t\x12\x14\n\x0cprogress_pct\x18\x07 \x01(\x05\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\t \x01(\t\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x7f\n\x15SubmitBuildJobRequest\x12\x0f\n\x07request\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12.\n\x07\x63ontext\x18\x03 \x01(\x0b\x32\x1d.toolmesh.type.v1.CallContext\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"Q\n\x16SubmitBuildJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.toolmesh.sandbox.v1.Job\x12\x10\n\x08replayed\x18\x02 \x01(\x08\".\n\rGetJobRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"7\n\x0eGetJobResponse\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x18.toolmesh.sandbox.v1.Job\"3\n\x0fListJobsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\":\n\x10ListJobsResponse\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.toolmesh.sandbox.v1.Job*\xb8\x01\n\tJobStatus\x12\x1a\n\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATUS_QUEUED\x10\x01\x12\x17\n\x13JOB_STATUS_BUILDING\x10\x02\x12\x16\n\x12JOB_STATUS_TESTING\x10\x03\x12\x17\n\x13JOB_STATUS_APPROVED\x10\x04\x12\x17\n\x13JOB_STATUS_REJECTED\x10\x05\x12\x15\n\x11JOB_STATUS_FAILED\x10\x06*a\n\x07JobType\x12\x18\n\x14JOB_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_TYPE_BUILD\x10\x01\x12\x12\n\x0eJOB_TYPE_AUDIT\x10\x02\x12\x14\n\x10JOB_TYPE_REBUILD\x10\x03\x32\xee\x04\n\x0eSandboxService\x12T\n\x07\x45xecute\x12#.toolmesh.sandbox.v1.ExecuteRequest\x1a$.toolmesh.sandbox.v1.ExecuteResponse\x12u\n\x12RegisterCustomTool\x12..toolmesh.sandbox.v1.RegisterCustomToolRequest\x1a/.toolmesh.sandbox.v1.RegisterCustomToolResponse\x12x\n\x13SetCustomToolStatus\x12/.toolmesh.sandbox.v1.SetCustomToolStatusRequest\x1a\x30.toolmesh.sandbox.v1.SetCustomToolStatusResponse\x12i\n\x0eSubmitBuildJob\x12*.toolmesh.sandbox.v1.SubmitBuildJobRequest\x1a+.toolmesh.sandbox.v1.SubmitBuildJobResponse\x12Q\n\x06GetJob\x12\".toolmesh.sandbox.v1.GetJobRequest\x1a#.toolmesh.sandbox.v1.GetJobResponse\x12W\n\x08ListJobs\x12$.toolmesh.sandbox.v1.ListJobsRequest\x1a%.toolmesh.sandbox.v1.ListJobsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolmesh.sandbox.v1.sandbox_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATUS']._serialized_start=1661
-  _globals['_JOBSTATUS']._serialized_end=1845
-  _globals['_JOBTYPE']._serialized_start=1847
-  _globals['_JOBTYPE']._serialized_end=1944
+  _globals['_JOBSTATUS']._serialized_start=1699
+  _globals['_JOBSTATUS']._serialized_end=1883
+  _globals['_JOBTYPE']._serialized_start=1885
+  _globals['_JOBTYPE']._serialized_end=1982
   _globals['_EXECUTIONLIMITS']._serialized_start=122
   _globals['_EXECUTIONLIMITS']._serialized_end=250
   _globals['_EXECUTEREQUEST']._serialized_start=253
@@ -54,17 +54,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB']._serialized_start=932
   _globals['_JOB']._serialized_end=1266
   _globals['_SUBMITBUILDJOBREQUEST']._serialized_start=1268
-  _globals['_SUBMITBUILDJOBREQUEST']._serialized_end=1375
-  _globals['_SUBMITBUILDJOBRESPONSE']._serialized_start=1377
-  _globals['_SUBMITBUILDJOBRESPONSE']._serialized_end=1440
-  _globals['_GETJOBREQUEST']._serialized_start=1442
-  _globals['_GETJOBREQUEST']._serialized_end=1488
-  _globals['_GETJOBRESPONSE']._serialized_start=1490
-  _globals['_GETJOBRESPONSE']._serialized_end=1545
-  _globals['_LISTJOBSREQUEST']._serialized_start=1547
-  _globals['_LISTJOBSREQUEST']._serialized_end=1598
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1600
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1658
-  _globals['_SANDBOXSERVICE']._serialized_start=1947
-  _globals['_SANDBOXSERVICE']._serialized_end=2569
+  _globals['_SUBMITBUILDJOBREQUEST']._serialized_end=1395
+  _globals['_SUBMITBUILDJOBRESPONSE']._serialized_start=1397
+  _globals['_SUBMITBUILDJOBRESPONSE']._serialized_end=1478
+  _globals['_GETJOBREQUEST']._serialized_start=1480
+  _globals['_GETJOBREQUEST']._serialized_end=1526
+  _globals['_GETJOBRESPONSE']._serialized_start=1528
+  _globals['_GETJOBRESPONSE']._serialized_end=1583
+  _globals['_LISTJOBSREQUEST']._serialized_start=1585
+  _globals['_LISTJOBSREQUEST']._serialized_end=1636
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1638
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1696
+  _globals['_SANDBOXSERVICE']._serialized_start=1985
+  _globals['_SANDBOXSERVICE']._serialized_end=2607
 # @@protoc_insertion_point(module_scope)

@@ -136,20 +136,24 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., tool_name: _Optional[str] = ..., job_type: _Optional[_Union[JobType, str]] = ..., status: _Optional[_Union[JobStatus, str]] = ..., spec_json: _Optional[str] = ..., result_json: _Optional[str] = ..., progress_pct: _Optional[int] = ..., tenant_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SubmitBuildJobRequest(_message.Message):
-    __slots__ = ("request", "tool_name", "context")
+    __slots__ = ("request", "tool_name", "context", "request_id")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TOOL_NAME_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request: str
     tool_name: str
     context: _types_pb2.CallContext
-    def __init__(self, request: _Optional[str] = ..., tool_name: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, request: _Optional[str] = ..., tool_name: _Optional[str] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class SubmitBuildJobResponse(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "replayed")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     job: Job
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("id", "tenant_id")
