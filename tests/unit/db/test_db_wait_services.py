@@ -83,6 +83,17 @@ async def refused_then_served(held: Held, call: Callable[[], Any], what: str) ->
     await call()  # the database answers again: no restart, no retry needed
 
 
+def surface(store: SqlSurfaceStore | Held, models: ModelConfigStore | Held) -> SurfaceCore:
+    """A surface core over these stores (either one Held), waiting WAIT_S for the database."""
+    return SurfaceCore(
+        store,  # type: ignore[arg-type]
+        models,  # type: ignore[arg-type]
+        None,
+        catalog_ttl_s=0.0,
+        db_wait_s=WAIT_S,
+    )
+
+
 async def test_the_registry_answers_unavailable_when_a_tool_definition_read_does_not_return(
     sessions: sessionmaker[Session], opened: list[Held]
 ) -> None:
@@ -113,13 +124,7 @@ async def test_the_surface_answers_unavailable_when_a_working_set_read_does_not_
 ) -> None:
     store = Held(SqlSurfaceStore(sessions), "working_set")
     opened.append(store)
-    core = SurfaceCore(
-        store,  # type: ignore[arg-type]
-        ModelConfigStore(sessions),
-        None,
-        catalog_ttl_s=0.0,
-        db_wait_s=WAIT_S,
-    )
+    core = surface(store, ModelConfigStore(sessions))
     try:
         await refused_then_served(
             store, lambda: core.working_set("conv", "", "t1"), "the working set's read"
@@ -133,13 +138,7 @@ async def test_the_surface_answers_unavailable_when_the_model_configurations_do_
 ) -> None:
     models = Held(ModelConfigStore(sessions), "list")
     opened.append(models)
-    core = SurfaceCore(
-        SqlSurfaceStore(sessions),
-        models,  # type: ignore[arg-type]
-        None,
-        catalog_ttl_s=0.0,
-        db_wait_s=WAIT_S,
-    )
+    core = surface(SqlSurfaceStore(sessions), models)
     try:
         await refused_then_served(models, core.list_models, "the model configurations' read")
     finally:

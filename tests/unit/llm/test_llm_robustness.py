@@ -58,6 +58,18 @@ def client_of(fake: FakeAnthropic, **kwargs: Any) -> LLMClient:
     return create_llm_client_for_role("call_llm", env=env, **kwargs)
 
 
+async def deadline_exceeded(client: LLMClient) -> tuple[DeadlineExceeded, float]:
+    """The DeadlineExceeded one call of `client` ends with, and the seconds it took (the
+    client closed after it)."""
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeadlineExceeded) as caught:
+            await asyncio.wait_for(client.complete(ASK), 10)
+    finally:
+        await client.aclose()
+    return caught.value, time.monotonic() - started
+
+
 def chat_span(exporter: InMemorySpanExporter) -> ReadableSpan:
     (span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
     return span
@@ -291,15 +303,10 @@ async def test_slow_attempts_time_out_and_the_deadline_bounds_every_retry(
     fake: FakeAnthropic,
 ) -> None:
     fake.script(*[Reply(text="late", delay_s=5) for _ in range(6)])
-    client = client_of(fake, max_retries=5, timeout_s=0.5, deadline_s=1.5)
-    started = time.monotonic()
-    try:
-        with pytest.raises(DeadlineExceeded) as caught:
-            await asyncio.wait_for(client.complete(ASK), 10)
-    finally:
-        await client.aclose()
-    assert time.monotonic() - started < 2.5
-    assert caught.value.reason == "LLM_TIMEOUT"
+    error, took = await deadline_exceeded(
+        client_of(fake, max_retries=5, timeout_s=0.5, deadline_s=1.5)
+    )
+    assert took < 2.5 and error.reason == "LLM_TIMEOUT"
 
 
 async def test_every_call_streams_so_a_long_answer_outlasts_the_attempt_timeout(
@@ -378,15 +385,11 @@ async def test_a_stream_that_goes_silent_times_out_and_is_retried(fake: FakeAnth
 
 async def test_the_deadline_bounds_a_stream_that_keeps_trickling(fake: FakeAnthropic) -> None:
     fake.script(*[Reply(text="z" * 800, pace_s=0.05) for _ in range(4)])
-    client = client_of(fake, max_retries=3, timeout_s=0.5, deadline_s=1.2)
-    started = time.monotonic()
-    try:
-        with pytest.raises(DeadlineExceeded) as caught:
-            await asyncio.wait_for(client.complete(ASK), 10)
-    finally:
-        await client.aclose()
-    assert time.monotonic() - started < 2.5
-    assert caught.value.reason == "LLM_TIMEOUT" and "the call's deadline" in caught.value.message
+    error, took = await deadline_exceeded(
+        client_of(fake, max_retries=3, timeout_s=0.5, deadline_s=1.2)
+    )
+    assert took < 2.5 and error.reason == "LLM_TIMEOUT"
+    assert "the call's deadline" in error.message
     for _ in range(100):  # the abandoned stream's connection is closed, not left open
         if fake.disconnects:
             break
