@@ -71,7 +71,17 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         ),
     )
     try:
-        response = stub.DispatchToolCall(request, timeout=args.timeout)
+        if args.progress:
+            streamed = _streamed_call(stub, request, args.timeout)
+            if streamed is None:
+                echo(
+                    f"error: the dispatcher at {address} ended the stream without a result",
+                    file=sys.stderr,
+                )
+                return EXIT_RPC_ERROR
+            response = streamed
+        else:
+            response = stub.DispatchToolCall(request, timeout=args.timeout)
     except grpc.RpcError as exc:
         return rpc_failure(exc, "dispatcher", address)
     if args.json:
@@ -84,6 +94,31 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
             echo(warning)
     kind = response.result.envelope.WhichOneof("kind")
     return EXIT_TOOL_ERROR if kind == "err" or (kind is None and response.result.error) else EXIT_OK
+
+
+def _streamed_call(
+    stub: dispatcher_pb2_grpc.DispatcherServiceStub,
+    request: dpb.DispatchToolCallRequest,
+    timeout: float,
+) -> dpb.DispatchToolCallResponse | None:
+    """The call over DispatchToolCallStream, each progress report and export notice written
+    to stderr as it arrives (stdout keeps only the result, as without --progress)."""
+    stream = stub.DispatchToolCallStream(
+        dpb.DispatchToolCallStreamRequest(tool_use=request.tool_use, context=request.context),
+        timeout=timeout,
+    )
+    for message in stream:
+        kind = message.WhichOneof("event")
+        if kind == "progress":
+            update = message.progress
+            done = f" ({update.fraction:.0%})" if update.HasField("fraction") else ""
+            echo(f"… {update.message}{done}", file=sys.stderr, flush=True)
+        elif kind == "export_ready":
+            ready = message.export_ready
+            echo(f"export ready: {ready.filename} ({ready.file_id})", file=sys.stderr, flush=True)
+        elif kind == "result":
+            return message.result
+    return None  # the stream ended without its result (a dispatcher that broke its contract)
 
 
 def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
@@ -251,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-use-id", default="", help="tool_use id (default: generated)")
     p.add_argument("--timeout", type=seconds, default=330.0, help="RPC deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="stream the call: print the tool's progress reports to stderr as they come",
+    )
     p.add_argument("--dispatcher", help="dispatcher address (default: from config)")
     p.set_defaults(func=cmd_call)
 

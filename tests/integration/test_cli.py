@@ -67,6 +67,26 @@ def test_call_prints_the_rendered_ok_result_and_exits_0(mesh: Mesh) -> None:
 
 
 @on_sqlite_mesh
+def test_call_with_progress_prints_the_reports_to_stderr_as_they_come(mesh: Mesh) -> None:
+    plain = call(mesh, "ping", "--input", '{"echo": "x"}')
+    done = call(
+        mesh, "ping", "--progress", "--input", '{"delay_ms": 300, "progress_steps": 3, "echo": "x"}'
+    )
+    assert done.returncode == 0, done.stderr
+    reports = [line for line in done.stderr.splitlines() if line.startswith("…")]
+    assert reports == [
+        "… ping step 1 of 3 (0%)",
+        "… ping step 2 of 3 (33%)",
+        "… ping step 3 of 3 (67%)",
+    ]
+    assert done.stdout == plain.stdout  # the result prints as without --progress
+    failed = call(mesh, "ping", "--progress", "--input", '{"fail": "error"}')
+    assert failed.returncode == 1 and "ping was asked to fail" in failed.stdout
+    unknown = call(mesh, "pnig", "--progress")
+    assert unknown.returncode == 2 and "did you mean ping" in unknown.stderr
+
+
+@on_sqlite_mesh
 def test_call_prints_a_result_over_grpcs_default_4_mb_message_limit(mesh: Mesh) -> None:
     """A result may be up to 32 MB serialised; the CLI's channel took gRPC's default 4 MB and
     answered RESOURCE_EXHAUSTED for a call that had run."""
