@@ -215,8 +215,20 @@ class ToolContext:
             raise RuntimeError("this context cannot call an LLM")
         self.cost.check(f"before an LLM call for {self.tool_name}")
         client = await self.db("the model configuration's read", self.llm_clients, role)
+
+        def writing(chars: int) -> None:  # a streaming caller sees a long answer being written
+            self.report_progress(
+                f"the model is writing its answer: {chars:,} characters so far",
+                chars=chars,
+                role=role,
+            )
+
         reply = await client.complete(
-            messages, system=system, max_output_tokens=max_output_tokens, tools=tools
+            messages,
+            system=system,
+            max_output_tokens=max_output_tokens,
+            tools=tools,
+            on_text=writing if self.progress_sink is not None else None,
         )
         entry = UsageEntry.of_llm_reply(
             reply,

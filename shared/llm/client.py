@@ -35,7 +35,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -64,6 +64,7 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_TIMEOUT_S = 120.0  # the longest silence of the provider within one attempt
 DEFAULT_DEADLINE_S = 300.0  # the whole call: every attempt and every wait between them
 INITIAL_BACKOFF_S = 0.5
+TEXT_PROGRESS_INTERVAL_S = 0.5  # how often on_text hears of a streaming answer's length
 MAX_BACKOFF_S = 8.0
 # Anthropic prices a 1-hour cache write at twice the base input price (a 5-minute one, the
 # config's cache_write price, at 1.25x).
@@ -163,9 +164,12 @@ class LLMClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         temperature: float | None = None,
         deadline_s: float | None = None,
+        on_text: Callable[[int], None] | None = None,
     ) -> LLMReply:
         """One Messages API call, retried while transient within `deadline_s` (at most the
-        client's); raises a ToolmeshError with an `LLM_…` reason when it cannot succeed."""
+        client's); raises a ToolmeshError with an `LLM_…` reason when it cannot succeed.
+        `on_text(chars)`, when given, hears how many characters of text the answer has so far
+        while it streams (at most every TEXT_PROGRESS_INTERVAL_S; from 0 again on a retry)."""
         cfg = self.config
         max_tokens = cfg.max_output_tokens
         if max_output_tokens is not None:
@@ -215,7 +219,7 @@ class LLMClient:
                         )
                     timeout = min(self.timeout_s, remaining)
                     try:
-                        message = await self._streamed(kwargs, timeout, remaining)
+                        message = await self._streamed(kwargs, timeout, remaining, on_text)
                         reply = _reply(message, cfg, attempts=attempts, max_tokens=max_tokens)
                         break
                     except (
@@ -279,7 +283,13 @@ class LLMClient:
             metrics.record_llm_call(cfg, time.perf_counter() - started, reply.usage)
             return reply
 
-    async def _streamed(self, kwargs: Mapping[str, Any], idle_s: float, total_s: float) -> Any:
+    async def _streamed(
+        self,
+        kwargs: Mapping[str, Any],
+        idle_s: float,
+        total_s: float,
+        on_text: Callable[[int], None] | None = None,
+    ) -> Any:
         """One attempt: the Message of a streamed response, read to its stop reason within
         `total_s`, the provider silent for at most `idle_s` at a time (TimeoutError past
         `total_s`; the SDK's APITimeoutError past `idle_s`)."""
@@ -293,8 +303,14 @@ class LLMClient:
                 # Whole once the stop reason came (`message_delta`; an endpoint may leave out
                 # the `message_stop` after it), cut short if the stream ends before.
                 finished = False
+                chars, told = 0, time.monotonic()
                 try:
                     async for event in stream:
+                        if on_text is not None and event.type == "text":
+                            chars += len(event.text)
+                            if time.monotonic() - told >= TEXT_PROGRESS_INTERVAL_S:
+                                told = time.monotonic()
+                                on_text(chars)
                         if event.type == "message_stop" or (
                             event.type == "message_delta"
                             and getattr(getattr(event, "delta", None), "stop_reason", None)

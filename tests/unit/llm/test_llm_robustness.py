@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import pytest
@@ -452,6 +452,26 @@ async def context_of(fake: FakeAnthropic) -> AsyncIterator[ContextOf]:
     yield make
     for client in clients.values():
         await client.aclose()
+
+
+async def test_a_streaming_caller_hears_a_long_answer_being_written(
+    fake: FakeAnthropic, context_of: ContextOf, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool's LLM call reports, as progress, how much of its answer the model has written;
+    without a listener (a unary call) it reports nothing and costs nothing."""
+    monkeypatch.setattr(llm_client, "TEXT_PROGRESS_INTERVAL_S", 0.1)
+    fake.script(Reply(text="w" * 96, pace_s=0.05), Reply(text="v" * 96, pace_s=0.05))
+    reports: list[Mapping[str, Any]] = []
+    reply = await context_of(MemoryUsage(), progress_sink=reports.append).llm(ASK)
+    assert reply.text == "w" * 96 and len(reports) >= 3, reports
+    chars = [r["data"]["chars"] for r in reports]
+    assert chars == sorted(chars) and chars[0] > 0 and chars[-1] <= 96
+    assert (
+        reports[-1]["message"] == f"the model is writing its answer: {chars[-1]} characters so far"
+    )
+    assert {r["data"]["role"] for r in reports} == {"call_llm"}
+    unheard = await context_of(MemoryUsage()).llm(ASK)  # no progress sink: nothing to tell
+    assert unheard.text == "v" * 96
 
 
 async def test_call_llm_retries_are_logged_once_and_failures_are_stable_err_kinds(
