@@ -251,6 +251,14 @@ class Settings:
                         of it has not answered within this long (a frozen server or host),
                         instead of holding it until its deadline. A write that times out may
                         still land once the database answers.
+    llm_timeout_s       TOOLMESH_LLM_TIMEOUT_S, default 120 (1 to 3600) — the longest an LLM
+                        provider may stay silent within one attempt (to connect, or between two
+                        events of the streamed answer); not a bound on the answer's length.
+    llm_deadline_s      TOOLMESH_LLM_DEADLINE_S, default 300 (1 to 86400) — one LLM call in
+                        all, every attempt and every wait between them (a tool's LLM call is
+                        also bounded by the tool's own timeout).
+    llm_max_retries     TOOLMESH_LLM_MAX_RETRIES, default 2 (0 to 10) — retries of a transient
+                        LLM failure within the deadline.
     trace_payloads      TOOLMESH_TRACE_PAYLOADS, default off — put tool arguments and results
                         (clipped to 4 KB) on execute_tool spans.
     conversation_budget_usd
@@ -326,6 +334,9 @@ class Settings:
     retention_days: float = 0.0
     retention_interval_s: float = 3600.0
     db_wait_s: float = DEFAULT_DB_WAIT_S
+    llm_timeout_s: float = 120.0
+    llm_deadline_s: float = 300.0
+    llm_max_retries: int = 2
     trace_payloads: bool = False
     conversation_budget_usd: float = 0.0
     mcp_call_timeout_s: float = 120.0
@@ -427,6 +438,9 @@ class Settings:
                 env, "TOOLMESH_RETENTION_INTERVAL_S", 3600.0, 0.01, 7 * 86_400
             ),
             db_wait_s=_bounded_float(env, "TOOLMESH_DB_WAIT_S", DEFAULT_DB_WAIT_S, 0.1, 3600),
+            llm_timeout_s=_bounded_float(env, "TOOLMESH_LLM_TIMEOUT_S", 120.0, 1, 3600),
+            llm_deadline_s=_bounded_float(env, "TOOLMESH_LLM_DEADLINE_S", 300.0, 1, 86_400),
+            llm_max_retries=_bounded_int(env, "TOOLMESH_LLM_MAX_RETRIES", 2, 0, 10),
             mcp_call_timeout_s=_float(env, "TOOLMESH_MCP_CALL_TIMEOUT_S", 120.0),
             mcp_export_max_bytes=_bounded_int(
                 env, "TOOLMESH_MCP_EXPORT_MAX_BYTES", 1 << 30, 1 << 20, 1 << 50

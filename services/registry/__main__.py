@@ -44,7 +44,12 @@ async def serve(settings: Settings, port: int) -> None:
     usage = SqlUsageLog(sessions)
     model_configs = ModelConfigStore(sessions)
     await asyncio.to_thread(model_configs.seed_defaults)
-    llm_clients = LlmClientCache(model_configs)
+    llm_clients = LlmClientCache(
+        model_configs,
+        timeout_s=settings.llm_timeout_s,
+        deadline_s=settings.llm_deadline_s,
+        max_retries=settings.llm_max_retries,
+    )
 
     def context_defaults(ctx: ToolContext) -> None:
         ctx.settings = settings

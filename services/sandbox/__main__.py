@@ -53,7 +53,12 @@ async def serve(settings: Settings, port: int) -> None:
         max_tool_calls=settings.sandbox_max_tool_calls,
     )
     core = Sandbox(pool, caps=caps)
-    llm_clients = LlmClientCache(ModelConfigStore(sessions))
+    llm_clients = LlmClientCache(
+        ModelConfigStore(sessions),
+        timeout_s=settings.llm_timeout_s,
+        deadline_s=settings.llm_deadline_s,
+        max_retries=settings.llm_max_retries,
+    )
     pipeline = JobPipeline(
         repo,
         core,

@@ -742,9 +742,22 @@ class LlmClientCache:
     operator's UpsertModelConfig takes effect without a restart: configs are re-read after
     `ttl_s`)."""
 
-    def __init__(self, store: ModelConfigStore | None, *, ttl_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        store: ModelConfigStore | None,
+        *,
+        ttl_s: float = 10.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
+        """`timeout_s`, `deadline_s`, `max_retries`: every client's (TOOLMESH_LLM_TIMEOUT_S,
+        TOOLMESH_LLM_DEADLINE_S, TOOLMESH_LLM_MAX_RETRIES)."""
         self._store = store
         self._ttl_s = ttl_s
+        self._timeout_s = timeout_s
+        self._deadline_s = deadline_s
+        self._max_retries = max_retries
         self._clients: dict[str, tuple[float, LLMClient]] = {}
         self._retired: list[LLMClient] = []
 
@@ -753,7 +766,13 @@ class LlmClientCache:
         cached = self._clients.get(role)
         if cached is not None and cached[0] > now:
             return cached[1]
-        client = create_llm_client_for_role(role, self._store)
+        client = create_llm_client_for_role(
+            role,
+            self._store,
+            timeout_s=self._timeout_s,
+            deadline_s=self._deadline_s,
+            max_retries=self._max_retries,
+        )
         if cached is not None and cached[1].config == client.config:
             client = cached[1]  # keep the SDK's connection pool
         elif cached is not None:

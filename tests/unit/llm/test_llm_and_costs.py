@@ -8,9 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.registry.context import ToolContext
 from shared.cli.stats import parse_since
+from shared.config import Settings
 from shared.contract import Err
 from shared.contract.result import exception_to_envelope
 from shared.costs import BudgetExceeded, CostAccount
@@ -198,6 +200,50 @@ async def test_the_client_cache_reuses_a_client_until_the_config_changes(
     changed = cache.for_role("call_llm")
     assert changed is not first and changed.config.max_output_tokens == 99
     await cache.aclose()
+
+
+async def test_the_llm_limits_are_settings_every_cached_client_gets(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    defaults = Settings.from_env({})
+    assert (defaults.llm_timeout_s, defaults.llm_deadline_s, defaults.llm_max_retries) == (
+        120.0,
+        300.0,
+        2,
+    )
+    settings = Settings.from_env(
+        {
+            "TOOLMESH_LLM_TIMEOUT_S": "30",
+            "TOOLMESH_LLM_DEADLINE_S": "900",
+            "TOOLMESH_LLM_MAX_RETRIES": "0",
+        }
+    )
+    store = ModelConfigStore(sessions)
+    store.seed_defaults()
+    cache = LlmClientCache(
+        store,
+        timeout_s=settings.llm_timeout_s,
+        deadline_s=settings.llm_deadline_s,
+        max_retries=settings.llm_max_retries,
+    )
+    try:
+        for role in ("call_llm", "tool_auditor"):
+            client = cache.for_role(role)
+            assert (client.timeout_s, client.deadline_s, client.max_retries) == (30.0, 900.0, 0)
+    finally:
+        await cache.aclose()
+    for key, bad in (
+        ("TOOLMESH_LLM_TIMEOUT_S", "0"),
+        ("TOOLMESH_LLM_TIMEOUT_S", "3601"),
+        ("TOOLMESH_LLM_DEADLINE_S", "nan"),
+        ("TOOLMESH_LLM_DEADLINE_S", "86401"),
+        ("TOOLMESH_LLM_MAX_RETRIES", "11"),
+        ("TOOLMESH_LLM_MAX_RETRIES", "-1"),
+        ("TOOLMESH_LLM_MAX_RETRIES", "two"),
+    ):
+        with pytest.raises(ValueError, match=key):
+            Settings.from_env({key: bad})
 
 
 def test_a_cost_account_refuses_and_stops_at_its_limit() -> None:
