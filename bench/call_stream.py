@@ -18,7 +18,12 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from bench.measure import measure_interleaved, measure_throughput_interleaved, ratio_line
+from bench.measure import (
+    machine_load,
+    measure_interleaved,
+    measure_throughput_interleaved,
+    ratio_line,
+)
 from shared.mux import MuxChannel, MuxServicer
 from toolmesh.mux.v1 import mux_pb2_grpc
 
@@ -110,7 +115,8 @@ def main() -> None:
     if args.serve:
         asyncio.run(_serve())
         return
-    asyncio.run(_main(args.n, args.block, args.concurrency, args.duration))
+    with machine_load():
+        asyncio.run(_main(args.n, args.block, args.concurrency, args.duration))
 
 
 if __name__ == "__main__":

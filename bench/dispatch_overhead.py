@@ -26,7 +26,13 @@ from pathlib import Path
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
-from bench.measure import Call, measure_interleaved, measure_throughput_interleaved, ratio_line
+from bench.measure import (
+    Call,
+    machine_load,
+    measure_interleaved,
+    measure_throughput_interleaved,
+    ratio_line,
+)
 from bench.span_counter import SpanCounter
 from shared.db.engine import upgrade
 from shared.launcher import ServiceProcess, service_env, start_service
@@ -151,7 +157,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of throughput load")
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
-    asyncio.run(main_async(args.n, args.block, args.duration, args.concurrency))
+    with machine_load():
+        asyncio.run(main_async(args.n, args.block, args.duration, args.concurrency))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ from pathlib import Path
 import grpc
 
 from bench.dispatch_overhead import start_mesh
-from bench.measure import LatencyStats, measure_latency, measure_throughput, ratio_line
+from bench.measure import (
+    LatencyStats,
+    machine_load,
+    measure_latency,
+    measure_throughput,
+    ratio_line,
+)
 from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.dispatcher.v1 import dispatcher_pb2_grpc
 from toolmesh.type.v1 import types_pb2 as pb
@@ -133,7 +139,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of throughput load")
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
-    asyncio.run(main_async(args.n, args.duration, args.concurrency))
+    with machine_load():
+        asyncio.run(main_async(args.n, args.duration, args.concurrency))
 
 
 if __name__ == "__main__":

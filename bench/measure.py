@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 Call = Callable[[], Awaitable[Any]]
@@ -163,3 +166,56 @@ def ratio_line(label: str, value: float, baseline: float, unit: str) -> str:
     """'label: value unit vs baseline unit = X.XXx' (value / baseline)."""
     ratio = f"{value / baseline:.2f}x" if baseline else "n/a"
     return f"{label}: {_fmt(value)} {unit} vs {_fmt(baseline)} {unit} = {ratio}"
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """The machine's CPU time so far, from the `cpu` line of /proc/stat (in ticks)."""
+
+    total: int  # user, nice, system, idle, iowait, irq, softirq, steal (guest is in user)
+    idle: int  # idle and iowait
+    steal: int  # taken by the hypervisor for other guests
+
+    @staticmethod
+    def parse(stat: str) -> CpuTimes | None:
+        for line in stat.splitlines():
+            fields = line.split()
+            if fields and fields[0] == "cpu" and len(fields) >= 9:
+                values = [int(v) for v in fields[1:9]]
+                return CpuTimes(sum(values), values[3] + values[4], values[7])
+        return None
+
+    @staticmethod
+    def now(path: Path = Path("/proc/stat")) -> CpuTimes | None:
+        try:
+            return CpuTimes.parse(path.read_text())
+        except (OSError, ValueError):
+            return None  # not Linux, or no /proc: nothing to report
+
+
+def load_line(before: CpuTimes, after: CpuTimes, cpus: int) -> str | None:
+    """How busy the machine's CPUs were between two readings, and what the hypervisor stole."""
+    total = after.total - before.total
+    if total <= 0:
+        return None
+    busy = 1 - (after.idle - before.idle) / total
+    steal = (after.steal - before.steal) / total
+    return (
+        f"machine during the run: {busy:.0%} of {cpus} CPUs busy, "
+        f"{steal:.1%} stolen by the hypervisor"
+    )
+
+
+@contextmanager
+def machine_load() -> Iterator[None]:
+    """Print, after the block, how busy the machine was while it ran and how much CPU time the
+    hypervisor stole (Linux; nothing elsewhere), to read a run's figures by: runs in different
+    phases of a shared VM differ by up to a third. (Not every slow phase shows as steal: on
+    the VMs this was measured on, slow phases showed none.)"""
+    before = CpuTimes.now()
+    yield
+    after = CpuTimes.now()
+    if before is not None and after is not None:
+        line = load_line(before, after, os.cpu_count() or 1)
+        if line is not None:
+            print("  " + line)

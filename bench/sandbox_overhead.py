@@ -19,7 +19,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench.measure import measure_latency, ratio_line
+from bench.measure import (
+    machine_load,
+    measure_latency,
+    ratio_line,
+)
 from services.sandbox.host import Limits, WorkerPool
 from services.sandbox.worker import SAFE_BUILTIN_NAMES
 
@@ -78,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=200, help="sequential executions measured")
     parser.add_argument("--pool", type=int, default=2, help="pre-started workers")
     args = parser.parse_args(argv)
-    return asyncio.run(main_async(args.n, args.pool))
+    with machine_load():
+        return asyncio.run(main_async(args.n, args.pool))
 
 
 if __name__ == "__main__":

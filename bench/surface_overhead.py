@@ -32,7 +32,12 @@ from pathlib import Path
 import grpc
 
 from bench.echo_chain import ProcessEchoChain
-from bench.measure import LatencyStats, measure_latency, ratio_line
+from bench.measure import (
+    LatencyStats,
+    machine_load,
+    measure_latency,
+    ratio_line,
+)
 from services.surface.core import Caller, SurfaceCore
 from services.surface.embedding import encode_vector, load_embedder
 from services.surface.search import embedding_text
@@ -200,8 +205,9 @@ def main() -> None:
         upgrade(url)
         queries = populate(url)
         print(f"surface benchmark: {TOOLS} tools, SQLite, embeddings stored")
-        asyncio.run(in_service(url, queries, args.n, args.rounds))
-        asyncio.run(over_grpc(url, Path(tmp), queries, args.n))
+        with machine_load():
+            asyncio.run(in_service(url, queries, args.n, args.rounds))
+            asyncio.run(over_grpc(url, Path(tmp), queries, args.n))
 
 
 if __name__ == "__main__":

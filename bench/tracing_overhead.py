@@ -17,7 +17,12 @@ import asyncio
 from contextlib import AsyncExitStack
 
 from bench.dispatch_overhead import start_ping
-from bench.measure import measure_interleaved, measure_throughput_interleaved, ratio_line
+from bench.measure import (
+    machine_load,
+    measure_interleaved,
+    measure_throughput_interleaved,
+    ratio_line,
+)
 from bench.span_counter import SpanCounter
 
 # name -> (tracing on, extra environment)
@@ -64,7 +69,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of throughput load")
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
-    asyncio.run(main_async(args.n, args.block, args.duration, args.concurrency))
+    with machine_load():
+        asyncio.run(main_async(args.n, args.block, args.duration, args.concurrency))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ machine's load falls on every kind), and closed-loop throughput in turns."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from bench.measure import (
     TURN_WARMUP,
+    CpuTimes,
+    load_line,
     measure_interleaved,
     measure_throughput_interleaved,
     percentile,
@@ -83,3 +86,21 @@ async def test_bad_arguments_are_refused() -> None:
         await measure_throughput_interleaved({"a": call}, concurrency=1, duration_s=1, rounds=0)
     with pytest.raises(ValueError):
         percentile([], 50)
+
+
+def test_the_machine_load_is_read_from_proc_stat_and_reported_as_busy_and_stolen(
+    tmp_path: Path,
+) -> None:
+    stat = tmp_path / "stat"
+    #                user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\nintr 1\n")
+    before = CpuTimes.now(stat)
+    assert before == CpuTimes(total=1000, idle=850, steal=0)
+    stat.write_text("cpu  400 0 150 1150 50 0 0 250 0 0\n")
+    after = CpuTimes.now(stat)
+    assert after == CpuTimes(total=2000, idle=1200, steal=250)
+    line = load_line(before, after, 2)  # 1,000 ticks: 350 idle, 250 stolen
+    assert line is not None and "65% of 2 CPUs busy" in line and "25.0% stolen" in line
+    assert load_line(after, after, 2) is None  # no time passed: nothing to say
+    assert CpuTimes.now(tmp_path / "missing") is None  # not Linux: nothing to report
+    assert CpuTimes.parse("intr 1\n") is None
