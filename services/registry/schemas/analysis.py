@@ -123,8 +123,9 @@ TOOLS: list[dict[str, Any]] = [
         "name": "describe_entry",
         "description": (
             "Describe a dataset of this conversation column by column: dtype, null count, "
-            "distinct count, and min/max for numeric and date/time columns. Use it to check "
-            "column names, types and data quality before querying."
+            "distinct count, min/max for numeric and date/time columns, and the most frequent "
+            "values (with counts) of text columns. Use it to check column names, types, data "
+            "quality and how values are spelt before querying."
         ),
         "input_schema": {
             "type": "object",

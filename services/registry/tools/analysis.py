@@ -2658,15 +2658,48 @@ def _min_max(col: pd.Series) -> tuple[str | None, str | None]:
     return str(values.min()), str(values.max())
 
 
+TOP_VALUES = 3  # the most frequent values describe_entry shows of a text-like column
+TOP_VALUE_CHARS = 40  # each shown at most this long
+
+
+def _top_values(col: pd.Series) -> str | None:
+    """The most frequent values of a text, categorical or boolean column with their counts
+    ("Rome ×3, Oslo ×2"), so a model filters on the values as they are spelt; None for numeric
+    and date/time columns (min/max describe those) and for a column with no value."""
+    dtype = col.dtype
+    if not (
+        pd.api.types.is_object_dtype(dtype)
+        or pd.api.types.is_string_dtype(dtype)
+        or isinstance(dtype, pd.CategoricalDtype)
+        or pd.api.types.is_bool_dtype(dtype)
+    ):
+        return None
+    try:
+        counts = col.value_counts(dropna=True).head(TOP_VALUES)
+    except TypeError:  # unhashable values (lists, dicts) in an object column
+        return None
+    if counts.empty:
+        return None
+    shown = []
+    for value, count in counts.items():
+        text = str(value)
+        if len(text) > TOP_VALUE_CHARS:
+            text = text[: TOP_VALUE_CHARS - 1] + "…"
+        shown.append(f"{text} ×{count}")
+    return ", ".join(shown)
+
+
 @uniform_contract(name="describe_entry", is_tabular=True)
 def describe_entry(inputs: dict[str, Any], context: ToolContext) -> Envelope:
-    """Per-column dtype, null/distinct counts and numeric/date min/max of a dataset."""
+    """Per-column dtype, null/distinct counts, numeric/date min/max and the most frequent
+    values of text-like columns, of a dataset."""
     name = _required_str(inputs, "name")
     _, df = _load_named(context, name)
     schema = measure_schema(df)
     records: list[dict[str, Any]] = []
     for position, spec in enumerate(schema):
-        low, high = _min_max(df.iloc[:, position])
+        col = df.iloc[:, position]
+        low, high = _min_max(col)
         records.append(
             {
                 "column": spec.name,
@@ -2675,6 +2708,7 @@ def describe_entry(inputs: dict[str, Any], context: ToolContext) -> Envelope:
                 "distinct_count": spec.distinct_count,
                 "min": low,
                 "max": high,
+                "top_values": _top_values(col),
             }
         )
     description = pd.DataFrame(
@@ -2685,6 +2719,7 @@ def describe_entry(inputs: dict[str, Any], context: ToolContext) -> Envelope:
             "distinct_count": pd.Series([r["distinct_count"] for r in records], dtype="Int64"),
             "min": pd.Series([r["min"] for r in records], dtype="str"),
             "max": pd.Series([r["max"] for r in records], dtype="str"),
+            "top_values": pd.Series([r["top_values"] for r in records], dtype="str"),
         }
     )
     return Ok(rows=len(records), schema=schema, data=description)

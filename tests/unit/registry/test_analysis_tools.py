@@ -480,12 +480,51 @@ def test_describe_counts_nulls_and_distincts_with_numeric_and_date_ranges(
         "distinct_count",
         "min",
         "max",
+        "top_values",
     ]
     assert rows.loc["age", "null_count"] == 2
     assert rows.loc["age", "distinct_count"] == 3
     assert (rows.loc["id", "min"], rows.loc["id", "max"]) == ("1", "5")
     assert rows.loc["joined", "min"].startswith("2019-07-04")
     assert pd.isna(rows.loc["name", "min"])
+    assert pd.isna(rows.loc["age", "top_values"])  # numbers have min/max instead
+
+
+def test_describe_shows_how_the_values_of_text_columns_are_spelt(loaded: ToolContext) -> None:
+    """The most frequent values, with counts, of text, boolean and categorical columns: a
+    model filters on 'Zürich' as it is written, not on a guess."""
+    orders = ok_of(describe_entry({"name": "orders"}, loaded)).data.set_index("column")
+    statuses = ok_of(
+        query({"sql": "SELECT status, count(*) n FROM orders GROUP BY status"}, loaded)
+    )
+    counts = dict(zip(statuses.data["status"], statuses.data["n"], strict=True))
+    top = max(counts, key=lambda status: (counts[status], status))
+    assert orders.loc["status", "top_values"].startswith(f"{top} ×{counts[top]}")
+    people = ok_of(describe_entry({"name": "people"}, loaded)).data.set_index("column")
+    shown = people.loc["city", "top_values"].split(", ")  # all once: three of them, as spelt
+    assert len(shown) == 3 and {s.removesuffix(" ×1") for s in shown} <= {
+        "London",
+        "Arlington",
+        "Helsinki",
+        "Boston",
+        "Zürich",
+    }
+    odd = pd.DataFrame(
+        {
+            "flag": [True, True, False, None],
+            "kind": pd.Categorical(["a", "b", "a", "a"]),
+            "long": ["x" * 100] * 2 + [None, None],
+            "nested": [[1], [2], None, None],  # lists: described without failing
+            "empty": pd.Series([None] * 4, dtype="str"),
+        }
+    )
+    loaded.save_dataset("odd", odd, "test")
+    described = ok_of(describe_entry({"name": "odd"}, loaded)).data.set_index("column")
+    assert described.loc["flag", "top_values"] == "True ×2, False ×1"
+    assert described.loc["kind", "top_values"] == "a ×3, b ×1"
+    assert described.loc["long", "top_values"] == "x" * 39 + "… ×2"
+    assert described.loc["nested", "dtype"] and described.loc["nested", "null_count"] == 2
+    assert pd.isna(described.loc["empty", "top_values"])
 
 
 # --------------------------------------------------------------------------------------------
