@@ -2662,10 +2662,12 @@ TOP_VALUES = 3  # the most frequent values describe_entry shows of a text-like c
 TOP_VALUE_CHARS = 40  # each shown at most this long
 
 
-def _top_values(col: pd.Series) -> str | None:
+def _top_values(col: pd.Series, distinct: int | None = None) -> str | None:
     """The most frequent values of a text, categorical or boolean column with their counts
     ("Rome ×3, Oslo ×2"), so a model filters on the values as they are spelt; None for numeric
-    and date/time columns (min/max describe those) and for a column with no value."""
+    and date/time columns (min/max describe those) and for a column with no value. With
+    `distinct` (its distinct count, when known) saying every value is unique, its first values
+    are shown without counting them all."""
     dtype = col.dtype
     if not (
         pd.api.types.is_object_dtype(dtype)
@@ -2675,7 +2677,11 @@ def _top_values(col: pd.Series) -> str | None:
     ):
         return None
     try:
-        counts = col.value_counts(dropna=True).head(TOP_VALUES)
+        values = col.dropna()
+        if distinct is not None and distinct == len(values):
+            counts = pd.Series(1, index=values.head(TOP_VALUES).to_numpy())
+        else:
+            counts = values.value_counts().head(TOP_VALUES)
     except TypeError:  # unhashable values (lists, dicts) in an object column
         return None
     if counts.empty:
@@ -2708,7 +2714,7 @@ def describe_entry(inputs: dict[str, Any], context: ToolContext) -> Envelope:
                 "distinct_count": spec.distinct_count,
                 "min": low,
                 "max": high,
-                "top_values": _top_values(col),
+                "top_values": _top_values(col, spec.distinct_count),
             }
         )
     description = pd.DataFrame(

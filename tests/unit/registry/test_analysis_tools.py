@@ -501,14 +501,8 @@ def test_describe_shows_how_the_values_of_text_columns_are_spelt(loaded: ToolCon
     top = max(counts, key=lambda status: (counts[status], status))
     assert orders.loc["status", "top_values"].startswith(f"{top} ×{counts[top]}")
     people = ok_of(describe_entry({"name": "people"}, loaded)).data.set_index("column")
-    shown = people.loc["city", "top_values"].split(", ")  # all once: three of them, as spelt
-    assert len(shown) == 3 and {s.removesuffix(" ×1") for s in shown} <= {
-        "London",
-        "Arlington",
-        "Helsinki",
-        "Boston",
-        "Zürich",
-    }
+    # Every city once: the first three, as spelt, without counting a column of unique values.
+    assert people.loc["city", "top_values"] == "London ×1, Arlington ×1, Helsinki ×1"
     odd = pd.DataFrame(
         {
             "flag": [True, True, False, None],
