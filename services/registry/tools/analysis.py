@@ -31,7 +31,7 @@ import time
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -3159,6 +3159,98 @@ def _datasets_read_by(
     return [info for info in infos if info.name.lower() in named]
 
 
+# `column = 'text'`, `'text' = column` and `column IN ('a', 'b')` in a query's SQL (a column
+# bare, quoted or qualified by its table or alias): the values an empty result may have missed.
+_IDENT = r'(?:[A-Za-z_][\w$]*|"(?:[^"]|"")+")'
+_COLUMN = rf"(?:{_IDENT}\s*\.\s*)?({_IDENT})"
+_TEXT = r"'((?:[^']|'')*)'"
+_EQUALS_RE = re.compile(rf"{_COLUMN}\s*=\s*{_TEXT}|{_TEXT}\s*=\s*{_COLUMN}")
+_IN_RE = re.compile(rf"{_COLUMN}\s+IN\s*\(\s*({_TEXT}(?:\s*,\s*{_TEXT})*)\s*\)", re.I)
+MAX_CHECKED_LITERALS = 8  # of one empty result's SQL
+MAX_CANDIDATE_VALUES = 20_000  # distinct values of a column compared with a missed literal
+
+
+def _unquoted(identifier: str) -> str:
+    if identifier.startswith('"'):
+        return identifier[1:-1].replace('""', '"')
+    return identifier
+
+
+def _compared_literals(sql: str) -> list[tuple[str, str]]:
+    """(column, text) pairs a query compares for equality, in order, each once."""
+    code = _SQL_NOT_CODE_RE.sub(lambda m: m.group(0) if m.group(0)[0] in "'\"" else " ", sql)
+    found: list[tuple[str, str]] = []
+    for match in _EQUALS_RE.finditer(code):
+        column, text = (match.group(1), match.group(2)) if match.group(1) else match.group(4, 3)
+        found.append((_unquoted(column), text.replace("''", "'")))
+    for match in _IN_RE.finditer(code):
+        for text in re.findall(_TEXT, match.group(2)):
+            found.append((_unquoted(match.group(1)), text.replace("''", "'")))
+    return list(dict.fromkeys(found))
+
+
+def _folded(text: str) -> str:
+    """`text` compared loosely: case, accents and surrounding or repeated spaces ignored."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return " ".join(plain.split())
+
+
+def _empty_result_warnings(
+    con: duckdb.DuckDBPyConnection, sql: str, tables: Mapping[str, pa.Schema]
+) -> list[Warning]:
+    """For a query that returned no row: each text it compares a column with that no row of
+    the column's dataset holds, with the values it holds that look like it ('Zurich' →
+    'Zürich', 'paid ' → 'paid', 'OSLO' → 'Oslo'), so the model fixes the value, not the query."""
+    warnings: list[Warning] = []
+    for column, text in _compared_literals(sql)[:MAX_CHECKED_LITERALS]:
+        for table, schema in tables.items():
+            name = next((f.name for f in schema if f.name.casefold() == column.casefold()), None)
+            if name is None:
+                continue
+            kind = schema.field(name).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                continue
+            quoted_table = '"' + table.replace('"', '""') + '"'
+            quoted = '"' + name.replace('"', '""') + '"'
+            try:
+                held = con.execute(
+                    f"SELECT 1 FROM {quoted_table} WHERE {quoted} = ? LIMIT 1", [text]
+                ).fetchone()
+                if held is not None:
+                    continue
+                rows = con.execute(
+                    f"SELECT DISTINCT {quoted} FROM {quoted_table} WHERE {quoted} IS NOT NULL "
+                    f"LIMIT {MAX_CANDIDATE_VALUES}"
+                ).fetchall()
+            except duckdb.Error:  # out of time, or a column registered under another name
+                return warnings  # advice is best effort: the empty result stands as it is
+            values = [str(r[0]) for r in rows]
+            loose = _folded(text)
+            alike = [v for v in values if _folded(v) == loose]
+            by_folded = {_folded(v): v for v in values}
+            close = difflib.get_close_matches(loose, list(by_folded), n=3, cutoff=0.6)
+            suggestions = list(dict.fromkeys(alike + [by_folded[c] for c in close]))[:3]
+            shown = (
+                "; did you mean " + " or ".join(repr(v) for v in suggestions) + "?"
+                if suggestions
+                else ""
+            )
+            warnings.append(
+                Warning(
+                    kind="no_match",
+                    message=f"no row of {table!r} has {name} = {text!r}{shown}",
+                    details={
+                        "dataset": table,
+                        "column": name,
+                        "value": text,
+                        "suggestions": suggestions,
+                    },
+                )
+            )
+    return warnings
+
+
 def _register(
     con: duckdb.DuckDBPyConnection, name: str, table: pa.Table, warnings: list[Warning]
 ) -> None:
@@ -3271,6 +3363,7 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         infos = context.list_datasets()
         _check_read_only(con, sql, infos)  # before any dataset is loaded
         zones: set[str] = set()
+        registered: dict[str, pa.Schema] = {}
         for info in _datasets_read_by(con, sql, infos):
             try:
                 frame = context.load_dataset(info.name)
@@ -3280,11 +3373,14 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             table = dataframe_to_arrow(frame)
             zones.update(_time_zones(table.schema))
             _register(con, info.name, table, warnings)
+            registered[info.name] = table.schema
         _set_time_zone(con, zones, warnings)
         con.execute("SET lock_configuration = true")
         with _Watchdog(con, timeout_s) as watchdog:
             try:
                 table, total = _execute(con, sql, limit, save_limit)
+                if total == 0 and registered:
+                    warnings.extend(_empty_result_warnings(con, sql, registered))
             except duckdb.InterruptException as exc:
                 if watchdog.cancelled:
                     raise CallCancelled("the query's call was cancelled") from exc

@@ -544,6 +544,58 @@ def test_query_joins_two_datasets(loaded: ToolContext) -> None:
     assert [c.name for c in ok.schema] == ["name", "total"]
 
 
+def no_matches(ok: Ok) -> list[dict[str, Any]]:
+    return [w.details for w in ok.warnings if w.kind == "no_match"]
+
+
+def test_an_empty_result_names_the_compared_values_no_row_holds(loaded: ToolContext) -> None:
+    """Filtering on a value as the model guessed it ('Zurich', 'london', 'payed') returns no
+    row; the result says which value no row holds and what the column holds like it."""
+    zurich = ok_of(query({"sql": "SELECT * FROM people WHERE city = 'Zurich'"}, loaded))
+    assert zurich.rows == 0
+    assert no_matches(zurich) == [
+        {"dataset": "people", "column": "city", "value": "Zurich", "suggestions": ["Zürich"]}
+    ]
+    (warning,) = [w for w in zurich.warnings if w.kind == "no_match"]
+    assert warning.message == "no row of 'people' has city = 'Zurich'; did you mean 'Zürich'?"
+
+    listed = ok_of(
+        query(
+            {
+                "sql": "SELECT p.name FROM people p -- where city = 'Oslo'\n"
+                "WHERE p.\"city\" IN ('london', 'Paris') AND 'Lynus' = name",
+            },
+            loaded,
+        )
+    )
+    assert listed.rows == 0
+    found = {(m["column"], m["value"]): m["suggestions"] for m in no_matches(listed)}
+    assert found == {
+        ("city", "london"): ["London"],
+        ("city", "Paris"): [],  # nothing like it: named, with no suggestion
+        ("name", "Lynus"): ["Linus"],
+    }  # and the commented-out Oslo is not read
+
+    joined = ok_of(
+        query(
+            {
+                "sql": "SELECT * FROM orders o JOIN people p ON p.id = o.person_id "
+                "WHERE o.status = 'payed' AND p.name = 'Ada'"
+            },
+            loaded,
+        )
+    )
+    assert [(m["dataset"], m["value"], m["suggestions"]) for m in no_matches(joined)] == [
+        ("orders", "payed", ["paid"])  # 'Ada' is held: not named
+    ]
+    # A result with rows, or a number compared, says nothing of the kind.
+    for sql in (
+        "SELECT * FROM people WHERE city = 'London'",
+        "SELECT * FROM people WHERE id = '42'",
+    ):
+        assert no_matches(ok_of(query({"sql": sql}, loaded))) == []
+
+
 def test_integer_sums_come_back_as_numbers_not_decimals(loaded: ToolContext) -> None:
     ok = ok_of(query({"sql": "SELECT sum(id) AS s FROM people"}, loaded))
 
