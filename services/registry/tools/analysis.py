@@ -3159,15 +3159,16 @@ def _datasets_read_by(
     return [info for info in infos if info.name.lower() in named]
 
 
-# `column = 'text'`, `'text' = column` and `column IN ('a', 'b')` in a query's SQL (a column
-# bare, quoted or qualified by its table or alias): the values an empty result may have missed.
-_IDENT = r'(?:[A-Za-z_][\w$]*|"(?:[^"]|"")+")'
-_COLUMN = rf"(?:{_IDENT}\s*\.\s*)?({_IDENT})"
-_TEXT = r"'((?:[^']|'')*)'"
-_EQUALS_RE = re.compile(rf"{_COLUMN}\s*=\s*{_TEXT}|{_TEXT}\s*=\s*{_COLUMN}")
-_IN_RE = re.compile(rf"{_COLUMN}\s+IN\s*\(\s*({_TEXT}(?:\s*,\s*{_TEXT})*)\s*\)", re.I)
+# The tokens of SQL, in one left-to-right pass that never rescans: a string or quoted identifier
+# (an unclosed one runs to the end), a comment, a word, or any other single character.
+_SQL_TOKEN_RE = re.compile(
+    r"'(?:[^']|'')*+(?:'|\Z)|\"(?:[^\"]|\"\")*+(?:\"|\Z)|--[^\n]*+|/\*.*?(?:\*/|\Z)"
+    r"|[A-Za-z_][\w$]*+|\S",
+    re.DOTALL,
+)
 MAX_CHECKED_LITERALS = 8  # of one empty result's SQL
 MAX_CANDIDATE_VALUES = 20_000  # distinct values of a column compared with a missed literal
+MAX_ADVISED_SQL_CHARS = 100_000  # longer SQL gets no such advice (its time stays bounded)
 
 
 def _unquoted(identifier: str) -> str:
@@ -3177,15 +3178,47 @@ def _unquoted(identifier: str) -> str:
 
 
 def _compared_literals(sql: str) -> list[tuple[str, str]]:
-    """(column, text) pairs a query compares for equality, in order, each once."""
-    code = _SQL_NOT_CODE_RE.sub(lambda m: m.group(0) if m.group(0)[0] in "'\"" else " ", sql)
+    """(column, text) pairs a query compares for equality — `column = 'text'`, `'text' =
+    column`, `column IN ('a', 'b')`, a column bare, quoted or qualified — in order, each once.
+    Linear in the SQL's length, whatever it holds."""
+    tokens = [t for t in _SQL_TOKEN_RE.findall(sql) if not t.startswith(("--", "/*"))]
+
+    def text(i: int) -> str | None:
+        t = tokens[i] if 0 <= i < len(tokens) else ""
+        return t[1:-1].replace("''", "'") if len(t) >= 2 and t[0] == t[-1] == "'" else None
+
+    def word(i: int) -> str | None:
+        t = tokens[i] if 0 <= i < len(tokens) else ""
+        quoted = len(t) >= 2 and t[0] == t[-1] == '"'
+        return _unquoted(t) if quoted or (t[:1].isalpha() or t[:1] == "_") else None
+
+    def column_from(i: int) -> str | None:  # `a`, `t.a`, `s.t."a"` starting at i: its last name
+        if word(i) is None:
+            return None
+        while i + 2 < len(tokens) and tokens[i + 1] == "." and word(i + 2) is not None:
+            i += 2
+        return word(i)
+
     found: list[tuple[str, str]] = []
-    for match in _EQUALS_RE.finditer(code):
-        column, text = (match.group(1), match.group(2)) if match.group(1) else match.group(4, 3)
-        found.append((_unquoted(column), text.replace("''", "'")))
-    for match in _IN_RE.finditer(code):
-        for text in re.findall(_TEXT, match.group(2)):
-            found.append((_unquoted(match.group(1)), text.replace("''", "'")))
+    for i, token in enumerate(tokens):
+        if token == "=" and tokens[i - 1 : i] != ["="] and tokens[i + 1 : i + 2] != ["="]:
+            right, left = text(i + 1), text(i - 1)
+            if right is not None and (column := word(i - 1)) is not None:
+                found.append((column, right))
+            elif left is not None and (column := column_from(i + 1)) is not None:
+                found.append((column, left))
+        elif token.upper() == "IN" and tokens[i + 1 : i + 2] == ["("]:
+            column = word(i - 1)
+            values: list[str] = []
+            j = i + 2
+            while (value := text(j)) is not None:
+                values.append(value)
+                j += 1
+                if tokens[j : j + 1] != [","]:
+                    break
+                j += 1
+            if column is not None and tokens[j : j + 1] == [")"]:
+                found.extend((column, v) for v in values)
     return list(dict.fromkeys(found))
 
 
@@ -3203,6 +3236,8 @@ def _empty_result_warnings(
     the column's dataset holds, with the values it holds that look like it ('Zurich' →
     'Zürich', 'paid ' → 'paid', 'OSLO' → 'Oslo'), so the model fixes the value, not the query."""
     warnings: list[Warning] = []
+    if len(sql) > MAX_ADVISED_SQL_CHARS:
+        return warnings
     for column, text in _compared_literals(sql)[:MAX_CHECKED_LITERALS]:
         for table, schema in tables.items():
             name = next((f.name for f in schema if f.name.casefold() == column.casefold()), None)

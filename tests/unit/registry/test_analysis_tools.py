@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from services.registry.tools.analysis import (
     PathOutsideDataRoots,
     QueryPermissionDenied,
     QueryTimeout,
+    _compared_literals,
     describe_entry,
     load_dataset,
     preview_data,
@@ -594,6 +596,33 @@ def test_an_empty_result_names_the_compared_values_no_row_holds(loaded: ToolCont
         "SELECT * FROM people WHERE id = '42'",
     ):
         assert no_matches(ok_of(query({"sql": sql}, loaded))) == []
+
+
+def test_the_compared_texts_are_read_off_the_sql_in_every_form() -> None:
+    sql = (
+        "SELECT * FROM t WHERE a = 'it''s' AND b IN ('x', 'y''z') AND 'q' = \"C\" "
+        "AND s.t.\"D\" = 'w' AND e == 'no' AND f != 'no' AND g <> 'no' -- h = 'no'\n"
+        "AND /* i = 'no' */ 'v' = x.y AND j IN ('open'"
+    )
+    assert _compared_literals(sql) == [
+        ("a", "it's"),
+        ("b", "x"),
+        ("b", "y'z"),
+        ("C", "q"),
+        ("D", "w"),
+        ("y", "v"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["a IN (" + "'" * 64_000, "a = '" + "''" * 32_000, "a IN (" + "'', " * 16_000, "/*" * 32_000],
+)
+def test_reading_the_compared_texts_of_hostile_sql_does_not_hang(hostile: str) -> None:
+    """A regex scan of these took 24 s (quadratic); the tokeniser reads each once."""
+    started = time.monotonic()
+    _compared_literals(hostile)
+    assert time.monotonic() - started < 10
 
 
 def test_integer_sums_come_back_as_numbers_not_decimals(loaded: ToolContext) -> None:
