@@ -135,6 +135,19 @@ class SqlSurfaceStore:
         self._count_miss = insert(m).on_conflict_do_update(
             index_elements=[m.c.tool_name, m.c.day], set_={"count": m.c.count + 1}
         )
+        # One statement, so two writers at once (a derivation at start and one a call asked
+        # for, or two replicas) both succeed, the later value kept; a read-then-insert made
+        # the second fail on the key.
+        seed = cast(Table, SeedLogRow.__table__)
+        fresh = insert(seed)
+        self._write_seed = fresh.on_conflict_do_update(
+            index_elements=[seed.c.key],
+            set_={
+                "value": fresh.excluded.value,
+                "pinned": True,
+                "updated_at": fresh.excluded.updated_at,
+            },
+        )
 
     # --- catalog ------------------------------------------------------------------------------
 
@@ -381,10 +394,6 @@ class SqlSurfaceStore:
             return row.value if row is not None else None
 
     def write_seed(self, key: str, value: str) -> None:
-        with translate_db_errors(), self._sessions.begin() as s:
-            row = s.get(SeedLogRow, key)
-            if row is None:
-                s.add(SeedLogRow(key=key, value=value, pinned=True))
-            else:
-                row.value = value
-                row.pinned = True
+        params = {"key": key, "value": value, "pinned": True, "updated_at": datetime.now(UTC)}
+        with translate_db_errors(), self._engine.begin() as conn:
+            conn.execute(self._write_seed, params)

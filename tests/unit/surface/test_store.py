@@ -4,6 +4,8 @@ the floor; the working set reads back in insertion order per conversation namesp
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import pytest
@@ -45,3 +47,25 @@ def test_working_sets_are_per_conversation_and_namespace(sessions: sessionmaker[
 def test_a_store_needs_sessions_bound_to_an_engine() -> None:
     with pytest.raises(TypeError):
         SqlSurfaceStore(sessionmaker())
+
+
+def test_the_seed_log_keeps_the_last_write_even_when_writers_race(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The Tier-0 floor is written by a derivation at start and by one a call asks for, on
+    every replica: writers at once all succeed (a read-then-insert made the second fail on the
+    key, logging a traceback), and the value is one of theirs."""
+    store = SqlSurfaceStore(sessions)
+    assert store.read_seed("k") is None
+    store.write_seed("k", "first")
+    store.write_seed("k", "second")
+    assert store.read_seed("k") == "second"
+    start = threading.Barrier(8)
+
+    def write(n: int) -> None:
+        start.wait(10)
+        SqlSurfaceStore(sessions).write_seed("race", f"value-{n}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))  # every writer returns: none raised
+    assert store.read_seed("race") in {f"value-{n}" for n in range(8)}
