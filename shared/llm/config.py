@@ -163,13 +163,21 @@ class ModelConfigStore:
             return _from_row(row)
 
     def upsert(self, cfg: ModelConfig) -> ModelConfig:
+        """Insert or update the model's row. Two writers of a new model at once: the one whose
+        insert loses on the key updates the row the other inserted."""
         cfg.validate()
-        with translate_db_errors(), self._sessions.begin() as session:
-            row = session.get(ModelConfigRow, cfg.model)
-            if row is None:
-                row = ModelConfigRow(model=cfg.model)
-                session.add(row)
-            _apply(row, cfg)
+        for attempt in range(2):
+            try:
+                with translate_db_errors(), self._sessions.begin() as session:
+                    row = session.get(ModelConfigRow, cfg.model)
+                    if row is None:
+                        row = ModelConfigRow(model=cfg.model)
+                        session.add(row)
+                    _apply(row, cfg)
+                return cfg
+            except IntegrityError:
+                if attempt:
+                    raise
         return cfg
 
     def seed_defaults(self, configs: Iterable[ModelConfig] = DEFAULT_MODEL_CONFIGS) -> int:
