@@ -3240,12 +3240,12 @@ def _empty_result_warnings(
         return warnings
     for column, text in _compared_literals(sql)[:MAX_CHECKED_LITERALS]:
         for table, schema in tables.items():
-            name = next((f.name for f in schema if f.name.casefold() == column.casefold()), None)
-            if name is None:
+            found = next((f for f in schema if f.name.casefold() == column.casefold()), None)
+            if found is None or not (
+                pa.types.is_string(found.type) or pa.types.is_large_string(found.type)
+            ):
                 continue
-            kind = schema.field(name).type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-                continue
+            name = found.name
             quoted_table = '"' + table.replace('"', '""') + '"'
             quoted = '"' + name.replace('"', '""') + '"'
             try:

@@ -596,6 +596,10 @@ def test_an_empty_result_names_the_compared_values_no_row_holds(loaded: ToolCont
         "SELECT * FROM people WHERE id = '42'",
     ):
         assert no_matches(ok_of(query({"sql": sql}, loaded))) == []
+    # Column names that differ only in case (renamed when registered): advice or none, no error.
+    loaded.save_dataset("twins", pd.DataFrame({"City": ["Oslo"], "city": ["Rome"]}), "test")
+    twins = ok_of(query({"sql": "SELECT * FROM twins WHERE city = 'oslo'"}, loaded))
+    assert twins.rows == 0
 
 
 def test_the_compared_texts_are_read_off_the_sql_in_every_form() -> None:
