@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.mcp_bridge.model import ServerConfig
-from shared.db.engine import translate_db_errors
+from shared.db.engine import translate_db_errors, upsert_row
 from shared.db.models import McpConnectionRow
 
 
@@ -23,22 +22,14 @@ class SqlConnectionStore:
             ]
 
     def save(self, config: ServerConfig) -> None:
-        """Insert or update the connection's row. Two bridges saving a new name at once: the
-        one whose insert loses on the key updates the row the other inserted."""
-        for attempt in range(2):
-            try:
-                with translate_db_errors(), self._sessions.begin() as s:
-                    row = s.get(McpConnectionRow, config.name)
-                    if row is None:
-                        row = McpConnectionRow(name=config.name)
-                        s.add(row)
-                    row.transport = config.transport
-                    row.config = config.to_json()
-                    row.tenant_id = config.tenant_id
-                return
-            except IntegrityError:
-                if attempt:
-                    raise
+        """Insert or update the connection's row (bridges racing on a new name all succeed)."""
+
+        def fill(row: McpConnectionRow) -> None:
+            row.transport = config.transport
+            row.config = config.to_json()
+            row.tenant_id = config.tenant_id
+
+        upsert_row(self._sessions, McpConnectionRow, {"name": config.name}, fill)
 
     def delete(self, name: str) -> None:
         with translate_db_errors(), self._sessions.begin() as s:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import (
     ArgumentError,
     DataError,
     DBAPIError,
+    IntegrityError,
     InvalidatePoolError,
     NoSuchModuleError,
 )
@@ -246,6 +247,33 @@ def translate_db_errors() -> Iterator[None]:
         if error is None:
             raise
         raise error from exc
+
+
+R = TypeVar("R")
+
+
+def upsert_row(
+    sessions: sessionmaker[Session],
+    row_type: type[R],
+    key: dict[str, Any],
+    fill: Callable[[R], None],
+) -> None:
+    """Insert the `row_type` row of primary key `key` (column names to values), or update the
+    stored one, `fill` setting its other columns, in one transaction. Writers racing on a new
+    key all succeed: the one whose insert loses on the key updates the row the other inserted
+    (a read-then-insert alone fails it)."""
+    for attempt in range(2):
+        try:
+            with translate_db_errors(), sessions.begin() as s:
+                row = s.get(row_type, key)
+                if row is None:
+                    row = row_type(**key)
+                    s.add(row)
+                fill(row)
+            return
+        except IntegrityError:
+            if attempt:
+                raise
 
 
 def database_error(exc: BaseException) -> Unavailable | None:

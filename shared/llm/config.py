@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.convert import has_control
-from shared.db.engine import translate_db_errors
+from shared.db.engine import translate_db_errors, upsert_row
 from shared.db.models import ModelConfigRow
 from shared.errors import InvalidArgument, NotFound, Unavailable
 
@@ -163,21 +163,9 @@ class ModelConfigStore:
             return _from_row(row)
 
     def upsert(self, cfg: ModelConfig) -> ModelConfig:
-        """Insert or update the model's row. Two writers of a new model at once: the one whose
-        insert loses on the key updates the row the other inserted."""
+        """Insert or update the model's row (writers racing on a new model all succeed)."""
         cfg.validate()
-        for attempt in range(2):
-            try:
-                with translate_db_errors(), self._sessions.begin() as session:
-                    row = session.get(ModelConfigRow, cfg.model)
-                    if row is None:
-                        row = ModelConfigRow(model=cfg.model)
-                        session.add(row)
-                    _apply(row, cfg)
-                return cfg
-            except IntegrityError:
-                if attempt:
-                    raise
+        upsert_row(self._sessions, ModelConfigRow, {"model": cfg.model}, lambda r: _apply(r, cfg))
         return cfg
 
     def seed_defaults(self, configs: Iterable[ModelConfig] = DEFAULT_MODEL_CONFIGS) -> int:
