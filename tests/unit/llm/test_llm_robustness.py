@@ -28,7 +28,7 @@ from shared.errors import (
     Unavailable,
 )
 from shared.llm import client as llm_client
-from shared.llm.client import LLMClient, Usage, cost_usd, create_llm_client_for_role
+from shared.llm.client import LLMClient, LLMReply, Usage, cost_usd, create_llm_client_for_role
 from shared.llm.config import DEFAULT_MODEL_CONFIGS
 from shared.telemetry.usage import UsageEntry
 from tests.support.fake_anthropic import FakeAnthropic, Reply, overloaded
@@ -59,6 +59,16 @@ def client_of(fake: FakeAnthropic, **kwargs: Any) -> LLMClient:
     return create_llm_client_for_role("call_llm", env=env, **kwargs)
 
 
+async def timed_call(client: LLMClient) -> tuple[LLMReply, float]:
+    """One call of `client`'s reply, and the seconds it took (the client closed after it)."""
+    started = time.monotonic()
+    try:
+        reply = await client.complete(ASK)
+    finally:
+        await client.aclose()
+    return reply, time.monotonic() - started
+
+
 async def failed_call(client: LLMClient, error: type[E]) -> tuple[E, float]:
     """The `error` one call of `client` ends with, and the seconds it took (the client closed
     after it)."""
@@ -86,14 +96,9 @@ async def test_a_429_waits_its_retry_after_and_the_retry_is_counted_and_traced(
         Reply(status=429, error_type="rate_limit_error", headers={"retry-after": "1"}),
         Reply(text="after the wait"),
     )
-    client = client_of(fake)
-    started = time.monotonic()
-    try:
-        reply = await client.complete(ASK)
-    finally:
-        await client.aclose()
+    reply, took = await timed_call(client_of(fake))
     assert reply.text == "after the wait" and reply.attempts == 2
-    assert time.monotonic() - started >= 0.95
+    assert took >= 0.95
     span = chat_span(spans)
     assert span.attributes is not None and span.attributes[llm_client.LLM_ATTEMPTS] == 2
     (event,) = [e for e in span.events if e.name == llm_client.LLM_RETRY_EVENT]
@@ -310,13 +315,8 @@ async def test_every_call_streams_so_a_long_answer_outlasts_the_attempt_timeout(
     """`timeout_s` bounds the provider's silences, not the answer's length: a model writing for
     longer than it, an event at a time, is read to the end in one attempt."""
     fake.script(Reply(text="x" * 96, tool_uses=[{"name": "t", "input": {"a": 1}}], pace_s=0.08))
-    client = client_of(fake, timeout_s=0.5, deadline_s=20)
-    started = time.monotonic()
-    try:
-        reply = await client.complete(ASK)
-    finally:
-        await client.aclose()
-    assert time.monotonic() - started > 1.0  # twice the attempt timeout, and more
+    reply, took = await timed_call(client_of(fake, timeout_s=0.5, deadline_s=20))
+    assert took > 1.0  # twice the attempt timeout, and more
     assert reply.text == "x" * 96 and reply.attempts == 1 and reply.stop_reason == "tool_use"
     assert reply.tool_uses == ({"id": "toolu_fake_0", "name": "t", "input": {"a": 1}},)
     assert reply.usage.output_tokens == 5 and reply.cost_usd > 0
@@ -368,14 +368,9 @@ async def test_a_stream_whole_up_to_its_stop_reason_needs_no_message_stop(
 
 async def test_a_stream_that_goes_silent_times_out_and_is_retried(fake: FakeAnthropic) -> None:
     fake.script(Reply(text="y" * 64, stall_after=3), Reply(text="second"))
-    client = client_of(fake, timeout_s=0.5, deadline_s=20)
-    started = time.monotonic()
-    try:
-        reply = await client.complete(ASK)
-    finally:
-        await client.aclose()
+    reply, took = await timed_call(client_of(fake, timeout_s=0.5, deadline_s=20))
     assert reply.text == "second" and reply.attempts == 2
-    assert time.monotonic() - started < 5
+    assert took < 5
 
 
 async def test_the_deadline_bounds_a_stream_that_keeps_trickling(fake: FakeAnthropic) -> None:
