@@ -4,6 +4,7 @@ conversation's datasets, settings, and a way to compose other tools through the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -15,14 +16,18 @@ import pandas as pd
 from sqlalchemy.orm import Session, sessionmaker
 
 from shared.config import DEFAULT_DB_WAIT_S, Settings
-from shared.costs import CostAccount
+from shared.costs import BudgetExceeded, CostAccount
 from shared.db.engine import db_thread
+from shared.errors import ToolmeshError
+from shared.llm.client import LLMSpend, spend_of
 from shared.telemetry import metrics
 from shared.telemetry.usage import UsageEntry, UsageLog
 
 if TYPE_CHECKING:
     from shared.contract import ContractRecorder, ToolResult
     from shared.llm.client import LLMClient, LLMReply
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -223,15 +228,35 @@ class ToolContext:
                 role=role,
             )
 
-        reply = await client.complete(
-            messages,
-            system=system,
-            max_output_tokens=max_output_tokens,
-            tools=tools,
-            on_text=writing if self.progress_sink is not None else None,
-        )
-        entry = UsageEntry.of_llm_reply(
-            reply,
+        try:
+            reply = await client.complete(
+                messages,
+                system=system,
+                max_output_tokens=max_output_tokens,
+                tools=tools,
+                on_text=writing if self.progress_sink is not None else None,
+            )
+        except ToolmeshError as error:
+            spend = spend_of(error)
+            if spend is not None:  # broken attempts were billed: charged, the error kept
+                try:
+                    await self._charge_llm(spend)
+                except (ToolmeshError, BudgetExceeded) as also:
+                    logger.warning(
+                        "%s: the cost of a failed LLM call, $%.6f, was charged but: %s",
+                        self.tool_name,
+                        spend.cost_usd,
+                        also,
+                    )
+            raise
+        await self._charge_llm(reply.spend)
+        return reply
+
+    async def _charge_llm(self, spend: LLMSpend) -> None:
+        """Record what an LLM call was billed for in usage_log and charge it to this call
+        (BudgetExceeded when it takes the call over its limit; recorded either way)."""
+        entry = UsageEntry.of_llm_spend(
+            spend,
             tenant_id=self.tenant_id,
             tool_name=self.tool_name,
             user_id=self.user_id,
@@ -240,6 +265,5 @@ class ToolContext:
         )
         if self.usage is not None:
             await self.db("the usage log's write", self.usage.record, entry)
-        metrics.record_cost(self.tenant_id, self.tool_name, reply.cost_usd)
-        self.cost.charge_leaf(reply.cost_usd, f"LLM call for {self.tool_name}")
-        return reply
+        metrics.record_cost(self.tenant_id, self.tool_name, spend.cost_usd)
+        self.cost.charge_leaf(spend.cost_usd, f"LLM call for {self.tool_name}")

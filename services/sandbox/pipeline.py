@@ -50,7 +50,7 @@ from shared.errors import (
     ToolmeshError,
     Unavailable,
 )
-from shared.llm.client import LLMClient, LLMReply
+from shared.llm.client import LLMClient, LLMReply, LLMSpend, spend_of
 from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
 from shared.llm.prompts import TOOL_AUDITOR_SYSTEM, TOOL_BUILDER_SYSTEM
 from shared.telemetry.tracing import tracer
@@ -92,13 +92,14 @@ class JobSpend:
     usd: float = 0.0
     calls: int = 0
 
-    async def add(self, reply: LLMReply, role: str) -> None:
-        self.usd += reply.cost_usd
+    async def add(self, spend: LLMSpend, role: str) -> None:
+        """Count what one LLM call was billed for — a failed call's broken attempts too."""
+        self.usd += spend.cost_usd
         self.calls += 1
         if self.usage is None or self.job is None:
             return
-        entry = UsageEntry.of_llm_reply(
-            reply,
+        entry = UsageEntry.of_llm_spend(
+            spend,
             tenant_id=self.job.tenant_id,
             tool_name=role,
             conversation_id=self.job.conversation_id or "",
@@ -123,8 +124,11 @@ async def _ask(
     try:
         reply = await llm(role).complete(messages, system=system)
     except ToolmeshError as exc:
+        billed = spend_of(exc)
+        if billed is not None:
+            await spend.add(billed, role)
         raise LlmStageFailed(stage, exc) from exc
-    await spend.add(reply, role)
+    await spend.add(reply.spend, role)
     if reply.refused:
         raise BuildRejected(f"the {stage} model refused the request (stop_reason refusal)")
     if reply.truncated:

@@ -23,7 +23,12 @@ a wait that would end after it fails the call at once, saying so. Each retry is 
 chat span and the attempts are counted on it (`toolmesh.llm.attempts`); each attempt is its own
 SDK span under it. Permanent failures (400 prompt too long, 401/403, 404 unknown model, 413)
 are not retried, and every failure is a ToolmeshError whose reason starts with `LLM_` and whose
-message says what to do."""
+message says what to do.
+
+An attempt that fails after the provider began answering (a stream cut, an `error` event or a
+timeout after `message_start`) was still billed for what it had consumed: the usage it reported
+so far is priced into the call — `LLMReply.failed_usage` and `cost_usd` when a retry succeeds,
+`spend_of(error)` when the call fails — so the usage log and the tool's cost count it."""
 
 from __future__ import annotations
 
@@ -73,6 +78,9 @@ CACHE_WRITE_1H_INPUT_MULTIPLIER = 2.0
 LLM_ATTEMPTS = "toolmesh.llm.attempts"
 LLM_RETRY_EVENT = "toolmesh.llm.retry"
 LLM_USAGE_MISSING = "toolmesh.llm.usage_missing"
+# Of the span's usage, what attempts that broke after the provider began answering consumed.
+LLM_FAILED_INPUT_TOKENS = "toolmesh.llm.failed_attempts.input_tokens"
+LLM_FAILED_OUTPUT_TOKENS = "toolmesh.llm.failed_attempts.output_tokens"
 
 
 @dataclass(frozen=True)
@@ -115,20 +123,51 @@ def cost_usd(usage: Usage, cfg: ModelConfig) -> float:
 
 
 @dataclass(frozen=True)
+class LLMSpend:
+    """What a call was billed for: its tokens, priced, and on which model."""
+
+    provider: str
+    model: str
+    usage: Usage
+    cost_usd: float
+
+
+_SPEND = "_toolmesh_llm_spend"
+
+
+def spend_of(error: BaseException) -> LLMSpend | None:
+    """What a failed LLM call was billed for before it failed (the usage its broken attempts
+    reported), or None when nothing was."""
+    spend = getattr(error, _SPEND, None)
+    return spend if isinstance(spend, LLMSpend) else None
+
+
+@dataclass(frozen=True)
 class LLMReply:
     """What one Messages API call returned, with its cost."""
 
     text: str
     model: str
     stop_reason: str
-    usage: Usage
-    cost_usd: float
+    usage: Usage  # the answer's own usage
+    cost_usd: float  # the answer's and its failed attempts' (`failed_usage`)
     response_id: str = ""
     tool_uses: tuple[dict[str, Any], ...] = ()
     provider: str = "anthropic"
     attempts: int = 1  # requests sent for it: the first and each retry
     usage_reported: bool = True  # False when the response had no usage (recorded as zero)
     max_tokens: int = 0  # the output ceiling the request asked for
+    # What attempts that broke after the provider began answering were billed for.
+    failed_usage: Usage = Usage()
+
+    @property
+    def billed_usage(self) -> Usage:
+        """Every token the call was billed for: the answer's and its failed attempts'."""
+        return self.usage + self.failed_usage
+
+    @property
+    def spend(self) -> LLMSpend:
+        return LLMSpend(self.provider, self.model, self.billed_usage, self.cost_usd)
 
     @property
     def truncated(self) -> bool:
@@ -206,6 +245,7 @@ class LLMClient:
             set_status_on_exception=False,
         ) as span:
             attempts = 0
+            failed = Usage()  # what broken attempts were billed for
             try:
                 while True:
                     attempts += 1
@@ -218,9 +258,14 @@ class LLMClient:
                             metadata={"attempts": str(attempts - 1)},
                         )
                     timeout = min(self.timeout_s, remaining)
+                    attempt = _Attempt()
                     try:
-                        message = await self._streamed(kwargs, timeout, remaining, on_text)
-                        reply = _reply(message, cfg, attempts=attempts, max_tokens=max_tokens)
+                        message = await self._streamed(kwargs, timeout, remaining, attempt, on_text)
+                        # Billed even if the message turns out unusable below.
+                        attempt.usage = _usage(getattr(message, "usage", None))[0]
+                        reply = _reply(
+                            message, cfg, attempts=attempts, max_tokens=max_tokens, failed=failed
+                        )
                         break
                     except (
                         _sdk().APIError,
@@ -229,6 +274,7 @@ class LLMClient:
                         ValueError,
                         TimeoutError,
                     ) as exc:
+                        failed += attempt.usage
                         failure = _Failure.of(exc, timeout < self.timeout_s)
                         left = deadline - time.monotonic()
                         wait = failure.retry_after_s
@@ -265,22 +311,33 @@ class LLMClient:
                 span.set_attribute(LLM_ATTEMPTS, attempts)
                 span.set_attribute(semconv.ERROR_TYPE, error.reason)
                 span.set_status(Status(StatusCode.ERROR, error.message))
+                spend = _billed(span, cfg, failed)
+                if spend is not None:
+                    setattr(error, _SPEND, spend)
                 metrics.record_llm_call(
-                    cfg, time.perf_counter() - started, None, error_type=error.reason
+                    cfg,
+                    time.perf_counter() - started,
+                    spend.usage if spend else None,
+                    error_type=error.reason,
                 )
                 raise
             except asyncio.CancelledError:
                 # The tool call was cancelled: the SDK's request is abandoned with it (its
-                # connection closed), and nothing came back to be priced.
+                # connection closed). What its attempts were billed for goes on the span and
+                # the metrics; the cancelled call has no result to carry it.
                 span.set_attribute(LLM_ATTEMPTS, attempts)
                 span.set_attribute(semconv.ERROR_TYPE, "cancelled")
+                spend = _billed(span, cfg, failed + attempt.usage)
                 metrics.record_llm_call(
-                    cfg, time.perf_counter() - started, None, error_type="cancelled"
+                    cfg,
+                    time.perf_counter() - started,
+                    spend.usage if spend else None,
+                    error_type="cancelled",
                 )
                 raise
             span.set_attribute(LLM_ATTEMPTS, attempts)
             _annotate(span, reply)
-            metrics.record_llm_call(cfg, time.perf_counter() - started, reply.usage)
+            metrics.record_llm_call(cfg, time.perf_counter() - started, reply.billed_usage)
             return reply
 
     async def _streamed(
@@ -288,13 +345,32 @@ class LLMClient:
         kwargs: Mapping[str, Any],
         idle_s: float,
         total_s: float,
+        attempt: _Attempt,
         on_text: Callable[[int], None] | None = None,
     ) -> Any:
         """One attempt: the Message of a streamed response, read to its stop reason within
         `total_s`, the provider silent for at most `idle_s` at a time (TimeoutError past
-        `total_s`; the SDK's APITimeoutError past `idle_s`)."""
+        `total_s`; the SDK's APITimeoutError past `idle_s`). When it fails after the message
+        began, `attempt.usage` holds what the provider had reported it consumed."""
+        try:
+            return await self._stream_once(kwargs, idle_s, total_s, attempt, on_text)
+        except BaseException:
+            if attempt.stream is not None and attempt.started:
+                snapshot = attempt.stream.current_message_snapshot
+                attempt.usage = _usage(getattr(snapshot, "usage", None))[0]
+            raise
+
+    async def _stream_once(
+        self,
+        kwargs: Mapping[str, Any],
+        idle_s: float,
+        total_s: float,
+        attempt: _Attempt,
+        on_text: Callable[[int], None] | None,
+    ) -> Any:
         async with asyncio.timeout(total_s):
             async with self.sdk.messages.stream(**kwargs, timeout=idle_s) as stream:
+                attempt.stream = stream
                 kind = stream.response.headers.get("content-type", "")
                 if not kind.startswith("text/event-stream"):
                     # An endpoint that ignores `stream` (some gateways and local fakes) answers
@@ -306,6 +382,8 @@ class LLMClient:
                 chars, told = 0, time.monotonic()
                 try:
                     async for event in stream:
+                        if event.type == "message_start":
+                            attempt.started = True
                         if on_text is not None and event.type == "text":
                             chars += len(event.text)
                             if time.monotonic() - told >= TEXT_PROGRESS_INTERVAL_S:
@@ -326,6 +404,37 @@ class LLMClient:
                 if not finished:
                     raise _CutShort("the response stream ended before the message did")
                 return await stream.get_final_message()
+
+
+@dataclass
+class _Attempt:
+    """One request of a call: its stream once open, whether the message began, and what the
+    provider reported it consumed when the attempt broke."""
+
+    stream: Any = None
+    started: bool = False
+    usage: Usage = Usage()
+
+
+def _billed(span: trace.Span, cfg: ModelConfig, usage: Usage) -> LLMSpend | None:
+    """The spend of a call that failed after `usage` was billed, put on its span (None and
+    nothing on the span when nothing was billed)."""
+    if usage == Usage():
+        return None
+    spend = LLMSpend(cfg.provider, cfg.model, usage, cost_usd(usage, cfg))
+    span.set_attributes(_usage_attributes(usage, spend.cost_usd))
+    return spend
+
+
+def _usage_attributes(usage: Usage, cost: float) -> dict[str, Any]:
+    return {
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+        semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_tokens,
+        semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_write_tokens,
+        semconv.GEN_AI_USAGE_COST_AMOUNT: cost,
+        semconv.GEN_AI_USAGE_COST_CURRENCY: semconv.COST_CURRENCY,
+    }
 
 
 async def _whole_message(response: Any, kind: str) -> Any:
@@ -506,7 +615,14 @@ def _usage(u: Any) -> tuple[Usage, bool]:
     return usage, has_counts
 
 
-def _reply(message: Any, cfg: ModelConfig, *, attempts: int = 1, max_tokens: int = 0) -> LLMReply:
+def _reply(
+    message: Any,
+    cfg: ModelConfig,
+    *,
+    attempts: int = 1,
+    max_tokens: int = 0,
+    failed: Usage = Usage(),
+) -> LLMReply:
     """The Message as an LLMReply: text blocks joined, tool_use blocks listed, every other
     block type (thinking, server tools' blocks, types newer than this code) ignored."""
     content = getattr(message, "content", None)
@@ -534,30 +650,35 @@ def _reply(message: Any, cfg: ModelConfig, *, attempts: int = 1, max_tokens: int
         model=str(getattr(message, "model", None) or cfg.model),
         stop_reason=str(getattr(message, "stop_reason", None) or ""),
         usage=usage,
-        cost_usd=cost_usd(usage, cfg),
+        cost_usd=cost_usd(usage + failed, cfg),
         response_id=str(getattr(message, "id", None) or ""),
         tool_uses=tuple(tool_uses),
         provider=cfg.provider,
         attempts=attempts,
         usage_reported=reported,
         max_tokens=max_tokens,
+        failed_usage=failed,
     )
 
 
 def _annotate(span: trace.Span, reply: LLMReply) -> None:
+    """The reply on its chat span: usage and cost are what the call was billed for, its failed
+    attempts' included (also counted apart when there were any)."""
     span.set_attributes(
         {
             semconv.GEN_AI_RESPONSE_MODEL: reply.model,
             semconv.GEN_AI_RESPONSE_ID: reply.response_id,
             semconv.GEN_AI_RESPONSE_FINISH_REASONS: [reply.stop_reason],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: reply.usage.input_tokens,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: reply.usage.output_tokens,
-            semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: reply.usage.cache_read_tokens,
-            semconv.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: reply.usage.cache_write_tokens,
-            semconv.GEN_AI_USAGE_COST_AMOUNT: reply.cost_usd,
-            semconv.GEN_AI_USAGE_COST_CURRENCY: semconv.COST_CURRENCY,
+            **_usage_attributes(reply.billed_usage, reply.cost_usd),
         }
     )
+    if reply.failed_usage != Usage():
+        span.set_attributes(
+            {
+                LLM_FAILED_INPUT_TOKENS: reply.failed_usage.input_tokens,
+                LLM_FAILED_OUTPUT_TOKENS: reply.failed_usage.output_tokens,
+            }
+        )
     if not reply.usage_reported:
         span.set_attribute(LLM_USAGE_MISSING, True)
 

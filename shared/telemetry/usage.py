@@ -15,7 +15,7 @@ from shared.db.models import UsageLogRow
 from shared.telemetry.tracing import current_trace_id
 
 if TYPE_CHECKING:
-    from shared.llm.client import LLMReply
+    from shared.llm.client import LLMReply, LLMSpend
 
 
 @dataclass(frozen=True)
@@ -46,23 +46,44 @@ class UsageEntry:
         conversation_id: str = "",
         tool_use_id: str = "",
     ) -> UsageEntry:
-        """The usage_log row of one LLM call: its cost, model and tokens, in the current
-        trace."""
+        """The usage_log row of one LLM call: its cost, model and tokens (its failed
+        attempts' included), in the current trace."""
+        return cls.of_llm_spend(
+            reply.spend,
+            tenant_id=tenant_id,
+            tool_name=tool_name,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            tool_use_id=tool_use_id,
+        )
+
+    @classmethod
+    def of_llm_spend(
+        cls,
+        spend: LLMSpend,
+        *,
+        tenant_id: str,
+        tool_name: str,
+        user_id: str = "",
+        conversation_id: str = "",
+        tool_use_id: str = "",
+    ) -> UsageEntry:
+        """The usage_log row of what an LLM call was billed for (a failed one's too)."""
         return cls(
             tenant_id=tenant_id,
             tool_name=tool_name,
             kind="llm",
-            cost_usd=reply.cost_usd,
+            cost_usd=spend.cost_usd,
             user_id=user_id,
             conversation_id=conversation_id,
             tool_use_id=tool_use_id,
             trace_id=current_trace_id(),
-            provider=reply.provider,
-            model=reply.model,
-            input_tokens=reply.usage.input_tokens,
-            output_tokens=reply.usage.output_tokens,
-            cache_read_tokens=reply.usage.cache_read_tokens,
-            cache_write_tokens=reply.usage.cache_write_tokens,
+            provider=spend.provider,
+            model=spend.model,
+            input_tokens=spend.usage.input_tokens,
+            output_tokens=spend.usage.output_tokens,
+            cache_read_tokens=spend.usage.cache_read_tokens,
+            cache_write_tokens=spend.usage.cache_write_tokens,
         )
 
 

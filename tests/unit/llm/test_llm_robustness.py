@@ -240,6 +240,54 @@ async def test_an_error_event_mid_stream_is_classified_by_its_type(
     assert invalid.value.reason == "LLM_INVALID_REQUEST" and "bad tool" in invalid.value.message
 
 
+async def test_an_attempt_that_broke_after_the_answer_began_is_still_priced(
+    fake: FakeAnthropic, spans: InMemorySpanExporter
+) -> None:
+    """The provider bills a request it began answering even if the stream then breaks: the
+    usage its `message_start` reported counts, beside the answer's, in the reply's cost and on
+    the span; an attempt refused before it began (a 529 status) costs nothing."""
+    fake.script(
+        Reply(text="a" * 100, input_tokens=1_000, stream_error="overloaded_error"),
+        overloaded(),
+        Reply(text="b" * 100, input_tokens=1_000, truncate=True),
+        Reply(text="whole", input_tokens=1_000, output_tokens=20),
+    )
+    reply = await client_of(fake, max_retries=3).complete(ASK)
+    assert reply.text == "whole" and reply.attempts == 4
+    assert reply.usage == Usage(1_000, 20)
+    assert reply.failed_usage == Usage(2_000, 0)
+    assert reply.billed_usage == Usage(3_000, 20)
+    assert reply.cost_usd == pytest.approx(cost_usd(Usage(3_000, 20), SONNET))
+    attributes = chat_span(spans).attributes
+    assert attributes is not None
+    assert attributes["gen_ai.usage.input_tokens"] == 3_000
+    assert attributes["gen_ai.usage.output_tokens"] == 20
+    assert attributes[llm_client.LLM_FAILED_INPUT_TOKENS] == 2_000
+    assert attributes["gen_ai.usage.cost.amount"] == pytest.approx(reply.cost_usd)
+    entry = UsageEntry.of_llm_reply(reply, tenant_id="t", tool_name="call_llm")
+    assert (entry.input_tokens, entry.output_tokens) == (3_000, 20)
+    assert entry.cost_usd == pytest.approx(reply.cost_usd)
+
+
+async def test_a_failed_call_says_what_its_broken_attempts_were_billed_for(
+    fake: FakeAnthropic, spans: InMemorySpanExporter
+) -> None:
+    fake.script(*[Reply(text="c" * 80, input_tokens=500, stream_error="overloaded_error")] * 2)
+    error, _ = await failed_call(client_of(fake, max_retries=1), Unavailable)
+    spend = llm_client.spend_of(error)
+    assert spend is not None and spend.usage == Usage(1_000, 0)
+    assert spend.model == SONNET.model and spend.provider == "anthropic"
+    assert spend.cost_usd == pytest.approx(cost_usd(Usage(1_000, 0), SONNET))
+    attributes = chat_span(spans).attributes
+    assert attributes is not None and attributes["gen_ai.usage.input_tokens"] == 1_000
+    spans.clear()
+    fake.script(Reply(status=404, error_type="not_found_error"))
+    refused, _ = await failed_call(client_of(fake), FailedPrecondition)
+    assert llm_client.spend_of(refused) is None  # nothing began, nothing billed
+    attributes = chat_span(spans).attributes
+    assert attributes is not None and "gen_ai.usage.input_tokens" not in attributes
+
+
 # --- replies --------------------------------------------------------------------------------
 
 
@@ -486,6 +534,28 @@ async def test_call_llm_retries_are_logged_once_and_failures_are_stable_err_kind
     assert failed.envelope.err_kind == "llm_model_not_found"
     assert "toolmesh models set" in failed.envelope.message
     assert len(usage.entries) == 1  # nothing came back, nothing logged
+
+
+async def test_call_llm_charges_what_a_failed_call_was_billed_for(
+    fake: FakeAnthropic, context_of: ContextOf
+) -> None:
+    """A call whose every attempt broke mid-stream is an Err, yet its usage is logged and its
+    cost is the tool's; when that cost crosses the budget the LLM's error is still the one
+    the handler sees."""
+    usage = MemoryUsage()
+    ctx = context_of(usage)
+    fake.script(*[Reply(text="d" * 80, input_tokens=400, stream_error="api_error")] * 3)
+    failed = await call_llm({"prompt": "hi"}, ctx)
+    assert isinstance(failed.envelope, Err) and failed.envelope.err_kind == "llm_unavailable"
+    (entry,) = usage.entries
+    assert (entry.kind, entry.input_tokens, entry.output_tokens) == ("llm", 1_200, 0)
+    assert entry.cost_usd == pytest.approx(cost_usd(Usage(1_200, 0), SONNET))
+    assert ctx.cost.total == pytest.approx(entry.cost_usd)
+    tight = context_of(MemoryUsage(), budget_limit=0.001)  # 1,200 input tokens: $0.0036
+    fake.script(*[Reply(text="e" * 80, input_tokens=400, stream_error="api_error")] * 3)
+    with pytest.raises(Unavailable):
+        await tight.llm(ASK)
+    assert tight.cost.total == pytest.approx(entry.cost_usd)
 
 
 async def test_call_llm_says_when_the_model_refused_or_was_cut_short(

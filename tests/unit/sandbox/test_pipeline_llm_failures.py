@@ -181,3 +181,26 @@ async def test_a_review_that_fails_keeps_the_builds_cost_and_names_its_stage(
     assert done.result is not None and done.result["stage"] == "review"
     assert done.result["cost_usd"] == pytest.approx(cost_usd(Usage(200, 300), SONNET))
     assert [e.tool_name for e in usage.entries] == ["tool_builder"]
+
+
+@ASYNC
+async def test_a_build_whose_answer_broke_off_keeps_what_it_was_billed_for(
+    sessions: sessionmaker[Session],
+    pool: WorkerPool,
+    fake: FakeAnthropic,
+    llm: Callable[[str], LLMClient],
+) -> None:
+    """The provider bills an answer it began even when its stream then fails: the job's
+    cost_usd and usage_log count the input the broken attempt reported."""
+    usage = MemoryUsage()
+    pipe, repo = pipeline(sessions, pool, llm, usage, max_attempts=1)
+    repo.create_job(tenant_id="t1", tool_name="", spec={"request": "shout"})
+    fake.script(Reply(text="x" * 200, input_tokens=700, stream_error="overloaded_error"))
+    done = await pipe.run_once()
+    assert done is not None and done.status == "failed", done.result
+    assert done.result is not None and done.result["reason"] == "LLM_UNAVAILABLE"
+    billed = cost_usd(Usage(700, 0), SONNET)
+    assert done.result["cost_usd"] == pytest.approx(billed)
+    (entry,) = usage.entries
+    assert (entry.tool_name, entry.input_tokens, entry.output_tokens) == ("tool_builder", 700, 0)
+    assert entry.cost_usd == pytest.approx(billed)
