@@ -35,6 +35,7 @@ from services.dispatcher.guardrails import (
     LoopState,
     PolicyDecision,
     PolicyRule,
+    RecentLoops,
     args_hash,
     call_hashes,
     check_policies,
@@ -353,6 +354,7 @@ class Dispatcher:
         self._clock = clock
         self._wall_clock = wall_clock
         self._rules = RuleCache(store, rule_cache_ttl_s, clock, db_wait_s)
+        self._recent_loops = RecentLoops()
         self._timeouts = ToolTimeouts(registry, timeout_s, clock=clock)
         self._store_pool = ThreadPoolExecutor(store_threads, thread_name_prefix="guardrail-store")
         self._inflight = InflightCalls(self._read_epochs, poll_interval_s=poll_interval_s)
@@ -617,12 +619,19 @@ class Dispatcher:
         for call, (attempts, reason) in snap.failed.items():
             approaches[call] = FailedApproach(call[0], call[1], reason, attempts)
 
-        # Pass 1, in input order: the loop guard and every rule's check (rate limits count here).
-        loop = snap.loop
+        # The loop guard, in input order, from the latest state this replica knows (no await
+        # from reading it to remembering the result: concurrent calls count each other).
+        loops = [LoopState()] * len(items)
+        if conversation:
+            key, now = (tenant, conversation), self._clock()
+            loop = self._recent_loops.latest(key, snap.loop, now)
+            for i, identity in enumerate(identities):
+                loop = loops[i] = loop.advance(identity)
+            self._recent_loops.remember(key, loop, now)
+
+        # Pass 1, in input order: every rule's check (rate limits count here).
         checked: list[tuple[LoopState, list[Check]]] = []
-        for (tu, inputs), identity, rules_here in zip(items, identities, applicable, strict=True):
-            if conversation:
-                loop = loop.advance(identity)
+        for (tu, inputs), loop, rules_here in zip(items, loops, applicable, strict=True):
             limited = rate_rules(rules_here)
             counts: dict[int, int] = {}
             if limited:
@@ -641,7 +650,7 @@ class Dispatcher:
                 prior_tools=snap.prior_tools,
                 rate_counts=counts,
             )
-            checked.append((loop if conversation else LoopState(), checks))
+            checked.append((loop, checks))
 
         # Pass 2: escalate the violations in order (observations are read only if any fired).
         fired = sorted({c.rule.id for _, checks in checked for c in checks if c.fired})

@@ -77,9 +77,11 @@ class LoopState:
     orders concurrent writes), the identity of the last one and how many in a row had it.
 
     Read before a call runs and written with its log row after it: a call counts the calls
-    (on any replica) that were logged before it started, and a batch's calls in input order,
-    but separate calls of one conversation in flight at the same time do not see each other.
-    Failed approaches and observation counts are read and written the same way."""
+    (on any replica) that were logged before it started, a batch's calls in input order, and
+    (RecentLoops) the calls this replica planned before it, even while they still run; only
+    calls of one conversation in flight on different replicas at the same time do not see each
+    other. Failed approaches and observation counts are read and written like the state in the
+    database, without the in-process part."""
 
     seq: int = 0
     last_identity: str = ""
@@ -94,6 +96,47 @@ class LoopState:
     @property
     def refuses(self) -> bool:
         return self.run_length > LOOP_GUARD_THRESHOLD
+
+
+class RecentLoops:
+    """The loop state each conversation reached with the last call this replica planned, for
+    `ttl_s` seconds (at most `max_entries` conversations, the oldest forgotten first).
+
+    The database holds a call's loop state only once its log row commits, after the tool ran:
+    calls of one conversation sent at once as separate RPCs (an agent that runs a turn's calls
+    concurrently) would each read the state before the others and all run — 1,000 identical
+    `ping`s at once ran 29 times where the guard allows 3. A call instead starts from whichever
+    is later, by call_seq, of the stored state and the one remembered here; the memory need
+    only outlive the gap between a call's snapshot read and the commits of the calls planned
+    before it, so a short TTL keeps it small. Planning a call reads and updates it in one step
+    on the event loop (no await between), so concurrent calls are counted in the order they
+    were planned."""
+
+    def __init__(self, ttl_s: float = 30.0, max_entries: int = 65_536) -> None:
+        self._ttl_s = ttl_s
+        self._max_entries = max_entries
+        self._entries: dict[tuple[str, str], tuple[LoopState, float]] = {}
+
+    def latest(self, key: tuple[str, str], stored: LoopState, now: float) -> LoopState:
+        """The later of the stored state and the one remembered for `key` (the stored one
+        when they tie: it is what every replica sees)."""
+        entry = self._entries.get(key)
+        if entry is None or entry[1] <= now or entry[0].seq <= stored.seq:
+            return stored
+        return entry[0]
+
+    def remember(self, key: tuple[str, str], loop: LoopState, now: float) -> None:
+        entries = self._entries
+        entries.pop(key, None)  # re-inserted last: the dict stays in expiry order
+        entries[key] = (loop, now + self._ttl_s)
+        while entries:
+            oldest = next(iter(entries))
+            if len(entries) <= self._max_entries and entries[oldest][1] > now:
+                break
+            del entries[oldest]
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 def loop_guard_message(tool_name: str, run_length: int) -> str:

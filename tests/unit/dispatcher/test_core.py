@@ -173,6 +173,30 @@ async def test_the_loop_guard_and_the_repeat_failure_hint(
     assert kind(changed.result) == "test_failure"
 
 
+async def test_identical_calls_sent_at_once_as_separate_rpcs_meet_the_loop_guard(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    """An agent that runs a turn's calls concurrently sends them as separate RPCs: each reads
+    the conversation's state before the others have logged theirs, yet the replica counts them
+    in the order it planned them — three run, the rest are refused, each with its place."""
+    a, b = replicas
+    outcomes = await asyncio.gather(
+        *(a.core.dispatch(use(f"p{i}", delay_ms=100, echo="same"), CTX) for i in range(12))
+    )
+    kinds = [kind(o.result) for o in outcomes]
+    assert sorted(kinds) == ["loop_guard"] * 9 + ["ok"] * 3, kinds
+    places = sorted(
+        int(o.result.error.split("this is call ")[1].split()[0])
+        for o in outcomes
+        if kind(o.result) == "loop_guard"
+    )
+    assert places == list(range(4, 13))
+    # The other replica reads the state the twelve logged: the 13th in a row.
+    after = await b.core.dispatch(use("p12", delay_ms=100, echo="same"), CTX)
+    assert kind(after.result) == "loop_guard" and "call 13 in a row" in after.result.error
+    assert kind((await b.core.dispatch(use("q", echo="other"), CTX)).result) == "ok"
+
+
 async def test_a_batch_is_guarded_in_order_and_runs_concurrently(
     replicas: tuple[Replica, Replica],
 ) -> None:

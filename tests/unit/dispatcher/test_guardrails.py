@@ -16,6 +16,7 @@ from services.dispatcher.guardrails import (
     FailedApproach,
     LoopState,
     PolicyRule,
+    RecentLoops,
     args_hash,
     call_hashes,
     call_identity,
@@ -102,6 +103,25 @@ def test_a_different_call_resets_the_run() -> None:
     for identity in ["h1", "h1", "h1", "h2", "h1"]:
         state = state.advance(identity)
     assert (state.last_identity, state.run_length, state.refuses) == ("h1", 1, False)
+
+
+def test_recent_loops_take_the_later_state_and_forget_after_their_ttl() -> None:
+    recent = RecentLoops(ttl_s=10, max_entries=2)
+    key = ("t", "c")
+    stored = LoopState(3, "h1", 2)
+    assert recent.latest(key, stored, now=0) is stored  # nothing remembered
+    planned = stored.advance("h1")
+    recent.remember(key, planned, now=0)
+    assert recent.latest(key, stored, now=5) == planned  # its log row not committed yet
+    assert recent.latest(key, LoopState(4, "h2", 1), now=5) == LoopState(4, "h2", 1)  # a tie
+    assert recent.latest(key, LoopState(6, "h2", 1), now=5) == LoopState(6, "h2", 1)
+    assert recent.latest(key, stored, now=10) is stored  # expired
+    recent.remember(("t", "d"), planned, now=11)  # drops the expired entry
+    assert len(recent) == 1
+    recent.remember(("t", "e"), planned, now=12)
+    recent.remember(("t", "f"), planned, now=13)  # over max_entries: the oldest goes
+    assert len(recent) == 2 and recent.latest(("t", "d"), stored, now=13) is stored
+    assert recent.latest(("t", "f"), stored, now=13) == planned
 
 
 # --- failed approaches ------------------------------------------------------------------------

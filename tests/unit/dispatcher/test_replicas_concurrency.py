@@ -293,7 +293,9 @@ async def test_a_cancel_stops_every_call_in_flight_on_both_replicas(
 ) -> None:
     a, b = replicas
     tasks = [
-        asyncio.create_task((a, b)[i % 2].core.dispatch(use(f"k{i}", delay_ms=30_000), ctx()))
+        asyncio.create_task(
+            (a, b)[i % 2].core.dispatch(use(f"k{i}", delay_ms=30_000, echo=i), ctx())
+        )
         for i in range(10)
     ]
     for i in range(10):
@@ -328,7 +330,9 @@ async def test_a_conversation_over_budget_is_refused_on_every_replica(
     assert kind(spent.result) == "budget_exceeded"  # the 4th charge crossed 1.0
     refused = await asyncio.gather(
         *(
-            (a, b)[i % 2].core.dispatch(use(f"s{i + 1}", name="spend", step=0.1, steps=1), ctx())
+            (a, b)[i % 2].core.dispatch(
+                use(f"s{i + 1}", name="spend", step=0.1, steps=1, n=i), ctx()
+            )  # told apart (`n`), or the 4th would be the loop guard's
             for i in range(4)
         )
     )
