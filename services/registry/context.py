@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Retrieve a background task's exception (it was reported where it mattered)."""
+    if not task.cancelled():
+        task.exception()
+
 T = TypeVar("T")
 
 
@@ -236,11 +242,14 @@ class ToolContext:
                 tools=tools,
                 on_text=writing if self.progress_sink is not None else None,
             )
-        except ToolmeshError as error:
+        except (ToolmeshError, asyncio.CancelledError) as error:
             spend = spend_of(error)
             if spend is not None:  # broken attempts were billed: charged, the error kept
+                # Shielded: a cancelled call's usage row is still written (and a second
+                # cancellation while it is leaves the write running).
+                charge = asyncio.ensure_future(self._charge_llm(spend))
                 try:
-                    await self._charge_llm(spend)
+                    await asyncio.shield(charge)
                 except (ToolmeshError, BudgetExceeded) as also:
                     logger.warning(
                         "%s: the cost of a failed LLM call, $%.6f, was charged but: %s",
@@ -248,6 +257,8 @@ class ToolContext:
                         spend.cost_usd,
                         also,
                     )
+                except asyncio.CancelledError:
+                    charge.add_done_callback(_quiet)
             raise
         await self._charge_llm(reply.spend)
         return reply

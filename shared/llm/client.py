@@ -246,6 +246,7 @@ class LLMClient:
         ) as span:
             attempts = 0
             failed = Usage()  # what broken attempts were billed for
+            attempt = _Attempt()  # the current attempt (an empty one while waiting to retry)
             try:
                 while True:
                     attempts += 1
@@ -275,6 +276,7 @@ class LLMClient:
                         TimeoutError,
                     ) as exc:
                         failed += attempt.usage
+                        attempt = _Attempt()
                         failure = _Failure.of(exc, timeout < self.timeout_s)
                         left = deadline - time.monotonic()
                         wait = failure.retry_after_s
@@ -321,13 +323,15 @@ class LLMClient:
                     error_type=error.reason,
                 )
                 raise
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as cancelled:
                 # The tool call was cancelled: the SDK's request is abandoned with it (its
-                # connection closed). What its attempts were billed for goes on the span and
-                # the metrics; the cancelled call has no result to carry it.
+                # connection closed). What its attempts were billed for goes on the span, the
+                # metrics and the cancellation (spend_of).
                 span.set_attribute(LLM_ATTEMPTS, attempts)
                 span.set_attribute(semconv.ERROR_TYPE, "cancelled")
                 spend = _billed(span, cfg, failed + attempt.usage)
+                if spend is not None:
+                    setattr(cancelled, _SPEND, spend)
                 metrics.record_llm_call(
                     cfg,
                     time.perf_counter() - started,

@@ -558,6 +558,47 @@ async def test_call_llm_charges_what_a_failed_call_was_billed_for(
     assert tight.cost.total == pytest.approx(entry.cost_usd)
 
 
+async def test_a_tool_call_cancelled_mid_answer_still_logs_what_it_was_billed_for(
+    fake: FakeAnthropic, context_of: ContextOf, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_client, "TEXT_PROGRESS_INTERVAL_S", 0.05)
+    fake.script(Reply(text="w" * 400, input_tokens=900, pace_s=0.05))
+    usage = MemoryUsage()
+    writing = asyncio.Event()
+    ctx = context_of(usage, progress_sink=lambda _: writing.set())
+    task = asyncio.ensure_future(ctx.llm(ASK))
+    await asyncio.wait_for(writing.wait(), 10)  # the answer has begun
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (entry,) = usage.entries
+    assert (entry.input_tokens, entry.output_tokens) == (900, 0)
+    assert ctx.cost.total == pytest.approx(cost_usd(Usage(900, 0), SONNET))
+
+
+async def test_a_call_cancelled_while_it_waits_to_retry_counts_each_attempt_once(
+    fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_client, "_backoff_s", lambda attempt: 30.0)
+    fake.script(Reply(text="a" * 80, input_tokens=500, stream_error="overloaded_error"))
+    client = client_of(fake, max_retries=2)
+    try:
+        task = asyncio.ensure_future(client.complete(ASK))
+        for _ in range(250):
+            if fake.requests:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # the first attempt broke; the call waits 30 s to retry
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as cancelled:
+            await task
+    finally:
+        await client.aclose()
+    spend = llm_client.spend_of(cancelled.value)
+    assert spend is not None and spend.usage == Usage(500, 0)
+    assert len(fake.requests) == 1
+
+
 async def test_call_llm_says_when_the_model_refused_or_was_cut_short(
     fake: FakeAnthropic, context_of: ContextOf
 ) -> None:
