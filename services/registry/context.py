@@ -35,6 +35,7 @@ def _quiet(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
+
 T = TypeVar("T")
 
 
