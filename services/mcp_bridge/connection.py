@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -28,7 +29,18 @@ logger = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 0.2
 CLOSE_TIMEOUT_S = 10.0
 
+REOPEN_POLL_S = 0.05  # how often a call waiting for a new session looks for it
+# A server that forgets our session again within this many seconds of the last time gets the
+# usual backoff before the next one (say, a load balancer without sticky sessions).
+FORGOTTEN_AGAIN_S = 5.0
+
 OnOpen = Callable[["LiveConnection", list[McpTool]], Awaitable[InventoryReport]]
+
+
+class _SessionForgotten(ConnectionError):
+    """The streamable HTTP server answered that it does not know our session."""
+
+
 OnToolsChanged = Callable[["LiveConnection"], None]
 
 
@@ -69,6 +81,7 @@ class LiveConnection:
         self._http = sdk.HttpState()
         self._closing = asyncio.Event()
         self._broken = asyncio.Event()
+        self._forgotten_at = float("-inf")  # time.monotonic() the server last forgot a session
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Future[InventoryReport] | None = None
         # Held while a listing of this connection is registered (the supervisor's on each
@@ -135,24 +148,37 @@ class LiveConnection:
         while not self._closing.is_set():
             self._broken.clear()
             self.state = "connecting"
+            forgotten = False
             try:
                 await self._session(first=not opened_once)
                 opened_once = True
                 attempt = 0
             except Exception as exc:  # noqa: BLE001 - the supervisor's top level: record, retry
-                error = sdk.connect_error(self.config, exc)
-                self.last_error = error.message
-                if self._first is not None and not self._first.done() and not retry_first:
-                    self._first.set_exception(error)
-                    self.state = "failed"
-                    return
-                logger.warning("MCP connection %s failed: %s", self.config.name, error.message)
+                leaf = sdk.leaf_exception(exc)  # through the SDK's task groups
+                if isinstance(leaf, _SessionForgotten):
+                    # The server is up but lost our session: a new one at once — unless it
+                    # forgot the previous one too a moment ago (then the usual backoff).
+                    now = time.monotonic()
+                    forgotten = now - self._forgotten_at >= FORGOTTEN_AGAIN_S
+                    self._forgotten_at, self.last_error = now, str(leaf)
+                    logger.warning("MCP connection %s: %s", self.config.name, leaf)
+                else:
+                    error = sdk.connect_error(self.config, exc)
+                    self.last_error = error.message
+                    if self._first is not None and not self._first.done() and not retry_first:
+                        self._first.set_exception(error)
+                        self.state = "failed"
+                        return
+                    logger.warning("MCP connection %s failed: %s", self.config.name, error.message)
             finally:
                 self._client = None
                 self._http.session_id = ""
             if self._closing.is_set():
                 break
             self.state = "failed"
+            if forgotten:
+                self.restarts += 1
+                continue
             delay = min(self._backoff_s * (2**attempt), self._backoff_max_s)
             attempt += 1
             with contextlib.suppress(TimeoutError):
@@ -208,6 +234,12 @@ class LiveConnection:
 
     async def _watch(self, client: Any) -> None:
         while not self._closing.is_set():
+            if self._http.session_lost:
+                self._client = None
+                raise _SessionForgotten(
+                    f"the server no longer knows session {self._http.lost} (it restarted or "
+                    "expired it); opening a new one"
+                )
             if self._broken.is_set() or sdk.session_closed(client):
                 self._client = None
                 raise ConnectionError(f"MCP server {self.config.name!r} went away")
@@ -235,6 +267,26 @@ class LiveConnection:
     def mark_broken(self) -> None:
         """A call saw the transport end: restart the server now."""
         self._broken.set()
+
+    def forgot(self, session_id: str) -> bool:
+        """Whether the server answered that it no longer knows the HTTP session `session_id`
+        (the supervisor then opens a new one)."""
+        return bool(session_id) and self._http.lost == session_id
+
+    async def reopened(self, old: Any, timeout_s: float) -> Any | None:
+        """The session that replaced `old` once the supervisor has opened it, or None when it
+        is not open within `timeout_s` (or the connection is closing)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self._closing.is_set():
+            client = self._client
+            if client is not None and client is not old and self.state == "connected":
+                return client
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), min(REOPEN_POLL_S, left))
+        return None
 
     def info(self) -> ConnectionInfo:
         return ConnectionInfo(

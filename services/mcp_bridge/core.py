@@ -105,6 +105,10 @@ class ConnectionStore(Protocol):
     def delete(self, name: str) -> None: ...
 
 
+class _SessionLost(Exception):
+    """A call the server refused because it no longer knows the session it was sent on."""
+
+
 @dataclass
 class CallOutcome:
     """A proxied call: its envelope and the raw structuredContent, if any."""
@@ -664,7 +668,28 @@ class McpBridge:
             # Baggage stays inside the mesh: the SDK injects the current context into _meta.
             token = otel_context.attach(baggage.clear())
             try:
-                outcome = await self._invoke(live, client, tool, arguments, timeout, progress)
+                try:
+                    outcome = await self._invoke(
+                        live, client, live.session_id, tool, arguments, timeout, progress
+                    )
+                except _SessionLost:
+                    # Refused before it ran: safe to send again, on the new session.
+                    span.add_event("mcp.session.reopen", {"mcp.session.id": live.session_id})
+                    left = timeout - (time.monotonic() - started)
+                    client = await live.reopened(client, min(left, self._connect_timeout_s))
+                    if client is None:
+                        raise Unavailable(
+                            f"MCP server {connection!r} no longer knows this bridge's session "
+                            "(it restarted or expired it) and a new session is not open yet; "
+                            "retry shortly",
+                            reason="MCP_SERVER_UNAVAILABLE",
+                            metadata={"connection": connection},
+                        ) from None
+                    span.set_attribute("mcp.session.id", live.session_id)
+                    left = timeout - (time.monotonic() - started)
+                    outcome = await self._invoke(
+                        live, client, live.session_id, tool, arguments, max(left, 0.001), progress
+                    )
             except Unavailable as exc:
                 span.set_attribute("error.type", exc.reason)
                 span.set_status(Status(StatusCode.ERROR, exc.message))
@@ -697,6 +722,7 @@ class McpBridge:
         self,
         live: LiveConnection,
         client: Any,
+        session: str,
         tool: str,
         arguments: dict[str, Any],
         timeout: float,
@@ -727,6 +753,8 @@ class McpBridge:
                     reason="MCP_SERVER_UNAVAILABLE",
                     metadata={"connection": name},
                 ) from None
+            if live.forgot(session):
+                raise _SessionLost from None
             if kind == "MCPError" and code == sdk.PARSE_ERROR:
                 return CallOutcome(
                     Err(

@@ -103,6 +103,40 @@ class HttpState:
     """What the HTTP hooks learn about a streamable HTTP session."""
 
     session_id: str = ""
+    # The session id the server answered it no longer knows (it restarted, or expired it).
+    lost: str = ""
+
+    @property
+    def session_lost(self) -> bool:
+        return bool(self.lost) and self.lost == self.session_id
+
+
+# A server that restarted, or expired a session, answers a request carrying its id with 404
+# (the MCP spec: the client must then open a new session); servers on older SDKs with 400 and a
+# JSON-RPC error about the session ("Bad Request: No valid session ID provided").
+_SESSION_WORDS = re.compile(r"session", re.IGNORECASE)
+_MAX_ERROR_BODY = 64 * 1024
+
+
+async def forgot_session(response: Any) -> bool:
+    """Whether `response` says the server does not know the session id its request carried."""
+    if response.status_code == 404:
+        return True
+    if response.status_code != 400:
+        return False
+    kind = response.headers.get("content-type", "").lower()
+    length = response.headers.get("content-length", "")
+    if not kind.startswith("application/json") or not length.isdigit():
+        return False
+    if int(length) > _MAX_ERROR_BODY:
+        return False
+    try:
+        body = json.loads(await response.aread())
+    except (ValueError, UnicodeDecodeError, OSError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return isinstance(message, str) and bool(_SESSION_WORDS.search(message))
 
 
 def _copy_trace_headers(request: Any) -> None:
@@ -232,6 +266,14 @@ async def open_client(
             session_id = response.headers.get(SESSION_HEADER)
             if session_id:
                 http_state.session_id = session_id
+            sent = response.request.headers.get(SESSION_HEADER)
+            if (
+                sent
+                and sent == http_state.session_id
+                and response.request.method != "DELETE"  # closing it: nothing to reopen
+                and await forgot_session(response)
+            ):
+                http_state.lost = sent
 
         async def on_request(request: Any) -> None:
             _copy_trace_headers(request)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -461,6 +462,54 @@ def test_streamable_http_connection_calls_over_tcp(mcp_mesh: Mesh, everything_ht
     mcp_span = next(s for s in spans if s.name == "tools/call echo")
     assert mcp_span.attributes["network.transport"] == "tcp"
     assert mcp_span.attributes["mcp.session.id"] == conn.session_id
+
+
+@contextmanager
+def everything_over_http(command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """server-everything over streamable HTTP on `port`, while the block runs."""
+    proc = subprocess.Popen(
+        [*command, "streamableHttp"],
+        env={**os.environ, "PORT": str(port)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def listening() -> bool:
+        assert proc.poll() is None, "server-everything (streamableHttp) exited"
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(listening)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_restarted_http_server_gets_a_new_session_and_the_call_goes_through(
+    mcp_mesh: Mesh, everything_cmd: list[str]
+) -> None:
+    """server-everything keeps sessions in memory: restarted, it answers the old session id
+    with 400 "No valid session ID provided". The bridge opens a new session and sends the
+    refused call again, so the model never sees the restart."""
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}/mcp"
+    config = mpb.ServerConfig(name="reborn", transport=mpb.TRANSPORT_STREAMABLE_HTTP, url=url)
+    with everything_over_http(everything_cmd, port):
+        bridge(mcp_mesh).Connect(mpb.ConnectRequest(server=config), timeout=60)
+        before = connected(mcp_mesh, "reborn")
+        assert before is not None and before.session_id
+        first = dispatch(mcp_mesh, "mcp_reborn_echo", {"message": "a"}, conversation="mcp-r")
+        assert json.loads(first.result.envelope.ok.data_json) == "Echo: a"
+    with everything_over_http(everything_cmd, port):
+        again = dispatch(mcp_mesh, "mcp_reborn_echo", {"message": "b"}, conversation="mcp-r")
+        assert json.loads(again.result.envelope.ok.data_json) == "Echo: b"
+        after = connected(mcp_mesh, "reborn")
+        assert after is not None and after.session_id and after.session_id != before.session_id
+        assert after.restarts >= 1
+    bridge(mcp_mesh).Disconnect(mpb.DisconnectRequest(name="reborn"), timeout=60)
 
 
 def test_trace_context_reaches_the_server_in_meta_but_baggage_does_not(mcp_mesh: Mesh) -> None:

@@ -1,0 +1,175 @@
+"""A hand-written MCP server over streamable HTTP with sessions (protocol 2025-06-18), so tests
+control how it forgets them: a server that restarted, or expired a session, must answer a
+request carrying the old `Mcp-Session-Id` with 404 (the spec), and servers on older SDKs answer
+400 with a JSON-RPC error about the session instead. Run:
+python -m tests.mcp_servers.session_http_server [--forget-status 404|400] PORT
+
+Tools: `echo` answers "<text> #<n>" (n counts the calls this server process ran, so a test sees
+whether a call ran once), and `forget` forgets every session once it has answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PROTOCOL = "2025-06-18"
+TOOLS = [
+    {
+        "name": "echo",
+        "description": "Echo a text, numbered.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+    {
+        "name": "forget",
+        "description": "Forget every session (as a restart would).",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+]
+
+
+class State:
+    def __init__(self, forget_status: int) -> None:
+        self.forget_status = forget_status
+        self.sessions: set[str] = set()
+        self.calls = 0
+        self.lock = threading.Lock()
+
+
+def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: dict[str, Any] | None, **headers: str) -> None:
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(status)
+            if body is not None:
+                self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for name, value in headers.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _unknown_session(self) -> None:
+            if state.forget_status == 404:
+                self._send(
+                    404,
+                    {"jsonrpc": "2.0", "error": {"code": -32001, "message": "Session not found"}},
+                )
+            else:  # the wording of server-everything's own HTTP transport, with no id
+                self._send(
+                    400,
+                    {
+                        "jsonrpc": "2.0",
+                        "error": {
+                            "code": -32000,
+                            "message": "Bad Request: No valid session ID provided",
+                        },
+                    },
+                )
+
+        def do_GET(self) -> None:  # no server-initiated stream
+            self._send(405, None, allow="POST, DELETE")
+
+        def do_DELETE(self) -> None:
+            session = self.headers.get("mcp-session-id", "")
+            with state.lock:
+                known = session in state.sessions
+                state.sessions.discard(session)
+            if known:
+                self._send(200, None)
+            else:
+                self._unknown_session()
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length", "0"))
+            message = json.loads(self.rfile.read(length))
+            session = self.headers.get("mcp-session-id", "")
+            method = message.get("method")
+            if method == "initialize":
+                new = uuid.uuid4().hex
+                with state.lock:
+                    state.sessions.add(new)
+                result = {
+                    "protocolVersion": PROTOCOL,
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "session-http", "version": "1.0"},
+                }
+                self._send(
+                    200,
+                    {"jsonrpc": "2.0", "id": message["id"], "result": result},
+                    mcp_session_id=new,
+                )
+                return
+            with state.lock:
+                known = session in state.sessions
+            if not known:
+                self._unknown_session()
+                return
+            if "id" not in message:  # a notification
+                self._send(202, None)
+                return
+            if method == "tools/list":
+                result: dict[str, Any] = {"tools": TOOLS}
+            elif method == "tools/call":
+                params = message.get("params") or {}
+                name = params.get("name")
+                if name == "echo":
+                    with state.lock:
+                        state.calls += 1
+                        n = state.calls
+                    text = f"{(params.get('arguments') or {}).get('text', '')} #{n}"
+                    result = {"content": [{"type": "text", "text": text}], "isError": False}
+                elif name == "forget":
+                    result = {"content": [{"type": "text", "text": "forgotten"}], "isError": False}
+                    self._send(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
+                    with state.lock:
+                        state.sessions.clear()
+                    return
+                else:
+                    self._send(
+                        200,
+                        {
+                            "jsonrpc": "2.0",
+                            "id": message["id"],
+                            "error": {"code": -32602, "message": f"unknown tool {name}"},
+                        },
+                    )
+                    return
+            elif method == "ping":
+                result = {}
+            else:
+                self._send(
+                    200,
+                    {
+                        "jsonrpc": "2.0",
+                        "id": message["id"],
+                        "error": {"code": -32601, "message": f"no method {method}"},
+                    },
+                )
+                return
+            self._send(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--forget-status", type=int, choices=(404, 400), default=404)
+    parser.add_argument("port", type=int)
+    args = parser.parse_args()
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(State(args.forget_status)))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A streamable HTTP server that forgets the bridge's session — it restarted, or expired it —
+answers a request carrying the old `Mcp-Session-Id` with 404 (the MCP spec: the client must
+open a new session) or, on older SDKs, 400 with an error about the session. The bridge opens a
+new session and sends the refused call again, once: the call succeeds and runs once. Against
+tests/mcp_servers/session_http_server.py, a real process over TCP."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from services.mcp_bridge import connection
+from services.mcp_bridge.model import ServerConfig
+from shared.contract import Ok
+from tests.unit.mcp_bridge.conftest import BridgeFactory
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def session_server(port: int, forget_status: int) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.mcp_servers.session_http_server",
+            "--forget-status",
+            str(forget_status),
+            str(port),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, "the session server exited"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the session server did not listen"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def http_config(port: int) -> ServerConfig:
+    return ServerConfig(
+        name="sess", transport="streamable_http", url=f"http://127.0.0.1:{port}/mcp"
+    )
+
+
+@pytest.mark.parametrize("forget_status", [404, 400])
+async def test_a_forgotten_session_is_reopened_and_the_refused_call_sent_again_once(
+    make_bridge: BridgeFactory, forget_status: int
+) -> None:
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port, forget_status):
+        await bridge.connect(http_config(port))
+        first = await bridge.call_tool("sess", "echo", {"text": "a"})
+        assert first.envelope == Ok(data="a #1")
+        assert (await bridge.call_tool("sess", "forget", {})).envelope == Ok(data="forgotten")
+        # Refused on the old session, sent again on a new one: it ran once (#2, not #3).
+        again = await bridge.call_tool("sess", "echo", {"text": "b"})
+        assert again.envelope == Ok(data="b #2")
+        [info] = bridge.list_connections()
+        assert (info.state, info.restarts) == ("connected", 1)
+
+
+async def test_a_restarted_server_is_met_with_a_new_session(make_bridge: BridgeFactory) -> None:
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port, 404):
+        await bridge.connect(http_config(port))
+        assert (await bridge.call_tool("sess", "echo", {"text": "a"})).envelope == Ok(data="a #1")
+    with session_server(port, 404):  # the same address, a new process: no session known
+        after = await bridge.call_tool("sess", "echo", {"text": "b"})
+        assert after.envelope == Ok(data="b #1")
+        assert (await bridge.call_tool("sess", "echo", {"text": "c"})).envelope == Ok(data="c #2")
+
+
+async def test_a_server_that_keeps_forgetting_gets_the_usual_backoff(
+    make_bridge: BridgeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Say, a load balancer without sticky sessions: the second forgetting within
+    FORGOTTEN_AGAIN_S waits the restart backoff instead of reconnecting in a tight loop."""
+    monkeypatch.setattr(connection, "FORGOTTEN_AGAIN_S", 60.0)
+    port = free_port()
+    bridge = make_bridge(backoff_s=1.5, backoff_max_s=1.5)
+    with session_server(port, 404):
+        await bridge.connect(http_config(port))
+        await bridge.call_tool("sess", "forget", {})
+        assert (await bridge.call_tool("sess", "echo", {"text": "a"})).envelope == Ok(data="a #1")
+        await bridge.call_tool("sess", "forget", {})
+        started = time.monotonic()
+        again = await bridge.call_tool("sess", "echo", {"text": "b"})
+        assert again.envelope == Ok(data="b #2")
+        assert time.monotonic() - started >= 1.4
+        assert bridge.list_connections()[0].restarts == 2
