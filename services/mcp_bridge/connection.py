@@ -149,6 +149,7 @@ class LiveConnection:
             self._broken.clear()
             self.state = "connecting"
             forgotten = False
+            opening = time.monotonic()
             try:
                 await self._session(first=not opened_once)
                 opened_once = True
@@ -163,7 +164,7 @@ class LiveConnection:
                     self._forgotten_at, self.last_error = now, str(leaf)
                     logger.warning("MCP connection %s: %s", self.config.name, leaf)
                 else:
-                    error = sdk.connect_error(self.config, exc)
+                    error = sdk.connect_error(self.config, exc, self._http.failure_since(opening))
                     self.last_error = error.message
                     if self._first is not None and not self._first.done() and not retry_first:
                         self._first.set_exception(error)
@@ -267,6 +268,11 @@ class LiveConnection:
     def mark_broken(self) -> None:
         """A call saw the transport end: restart the server now."""
         self._broken.set()
+
+    def http_failure_since(self, started: float) -> str:
+        """The HTTP error status the server answered since `started` (time.monotonic()), as
+        a line of text, or ""."""
+        return self._http.failure_since(started)
 
     def forgot(self, session_id: str) -> bool:
         """Whether the server answered that it no longer knows the HTTP session `session_id`

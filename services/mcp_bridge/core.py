@@ -729,6 +729,7 @@ class McpBridge:
         progress: Callable[[float, float | None, str | None], Awaitable[None]],
     ) -> CallOutcome:
         name = live.config.name
+        sent_at = time.monotonic()
         try:
             result = await client.call_tool(
                 tool, arguments, read_timeout_seconds=timeout, progress_callback=progress
@@ -763,8 +764,9 @@ class McpBridge:
                     )
                 )
             if kind == "MCPError":
+                said = sdk.with_http_failure(str(exc), live.http_failure_since(sent_at))
                 return CallOutcome(
-                    Err(f"MCP server {name!r} rejected the call to {tool!r}: {exc}", "mcp_error")
+                    Err(f"MCP server {name!r} rejected the call to {tool!r}: {said}", "mcp_error")
                 )
             if kind == "ValidationError":
                 first = str(exc).splitlines()

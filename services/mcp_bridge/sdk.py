@@ -105,10 +105,18 @@ class HttpState:
     session_id: str = ""
     # The session id the server answered it no longer knows (it restarted, or expired it).
     lost: str = ""
+    # The last HTTP error status the server answered, as a line of text, and when
+    # (time.monotonic()): the SDK reports most of them as "Server returned an error response".
+    failure: str = ""
+    failed_at: float = float("-inf")
 
     @property
     def session_lost(self) -> bool:
         return bool(self.lost) and self.lost == self.session_id
+
+    def failure_since(self, started: float) -> str:
+        """The HTTP error the server answered since `started`, or ""."""
+        return self.failure if self.failed_at >= started else ""
 
 
 # A server that restarted, or expired a session, answers a request carrying its id with 404
@@ -116,6 +124,61 @@ class HttpState:
 # JSON-RPC error about the session ("Bad Request: No valid session ID provided").
 _SESSION_WORDS = re.compile(r"session", re.IGNORECASE)
 _MAX_ERROR_BODY = 64 * 1024
+
+
+_HTTP_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+_FAILURE_HINTS = {
+    401: "check the credentials in the connection's headers (Reconnect with new ones)",
+    403: "the credentials in the connection's headers are not allowed this",
+}
+
+
+async def describe_failure(response: Any) -> str:
+    """One line for an HTTP error response: its status, a hint for 401/403, and the start of
+    a short text or JSON body (control characters removed)."""
+    status = int(response.status_code)
+    line = f"HTTP {status} {_HTTP_REASONS.get(status, '')}".rstrip()
+    kind = response.headers.get("content-type", "").lower()
+    length = response.headers.get("content-length", "")
+    if (
+        kind.startswith(("application/json", "text/plain", "text/html"))
+        and length.isdigit()
+        and 0 < int(length) <= _MAX_ERROR_BODY
+    ):
+        with contextlib.suppress(Exception):  # the body is a courtesy: never the failure
+            text = (await response.aread()).decode("utf-8", "replace")
+            text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+            if text:
+                line += f": {text[:200]}"
+    hint = _FAILURE_HINTS.get(status)
+    return f"{line}; {hint}" if hint else line
+
+
+# What the SDK says of an HTTP error status whose body is not a JSON-RPC error.
+SDK_HTTP_ERROR = "Server returned an error response"
+
+
+def with_http_failure(message: str, http_failure: str) -> str:
+    """The SDK's message with the HTTP error the server answered: instead of the SDK's
+    status-less stand-in, or after any other message."""
+    if not http_failure:
+        return message
+    return http_failure if message == SDK_HTTP_ERROR else f"{message} ({http_failure})"
 
 
 async def forgot_session(response: Any) -> bool:
@@ -266,14 +329,13 @@ async def open_client(
             session_id = response.headers.get(SESSION_HEADER)
             if session_id:
                 http_state.session_id = session_id
+            if response.status_code < 400 or response.request.method == "DELETE":
+                return  # a DELETE closes the session: its answer changes nothing
             sent = response.request.headers.get(SESSION_HEADER)
-            if (
-                sent
-                and sent == http_state.session_id
-                and response.request.method != "DELETE"  # closing it: nothing to reopen
-                and await forgot_session(response)
-            ):
+            if sent and sent == http_state.session_id and await forgot_session(response):
                 http_state.lost = sent
+            http_state.failure = await describe_failure(response)
+            http_state.failed_at = time.monotonic()
 
         async def on_request(request: Any) -> None:
             _copy_trace_headers(request)
@@ -668,8 +730,9 @@ def leaf_exception(exc: BaseException) -> BaseException:
     return exc
 
 
-def connect_error(config: Any, exc: BaseException) -> ToolmeshError:
-    """A failure to open a session as an error naming the server and the problem."""
+def connect_error(config: Any, exc: BaseException, http_failure: str = "") -> ToolmeshError:
+    """A failure to open a session as an error naming the server and the problem (with the
+    HTTP error the server answered meanwhile, `http_failure`, when there was one)."""
     exc = leaf_exception(exc)
     if isinstance(exc, ToolmeshError):
         return exc
@@ -690,10 +753,11 @@ def connect_error(config: Any, exc: BaseException) -> ToolmeshError:
                 reason="MCP_SERVER_EXITED",
                 metadata=meta,
             )
+        said = with_http_failure(str(exc), http_failure)
         return FailedPrecondition(
-            f"MCP server {config.name!r} ({where}) refused the handshake: {exc}",
+            f"MCP server {config.name!r} ({where}) refused the handshake: {said}",
             reason="MCP_HANDSHAKE_FAILED",
-            metadata=meta,
+            metadata={**meta, "http_status": http_failure.split()[1]} if http_failure else meta,
         )
     if type(exc).__name__ == "ValidationError":
         return FailedPrecondition(

@@ -2,10 +2,12 @@
 control how it forgets them: a server that restarted, or expired a session, must answer a
 request carrying the old `Mcp-Session-Id` with 404 (the spec), and servers on older SDKs answer
 400 with a JSON-RPC error about the session instead. Run:
-python -m tests.mcp_servers.session_http_server [--forget-status 404|400] PORT
+python -m tests.mcp_servers.session_http_server [--forget-status 404|400] [--token T] PORT
 
 Tools: `echo` answers "<text> #<n>" (n counts the calls this server process ran, so a test sees
-whether a call ran once), and `forget` forgets every session once it has answered.
+whether a call ran once), `forget` forgets every session once it has answered, and `revoke`
+makes every later request fail authentication. With --token, a request without
+`Authorization: Bearer T` is answered 401 with an OAuth-style JSON body (as after `revoke`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,19 @@ TOOLS = [
         "description": "Forget every session (as a restart would).",
         "inputSchema": {"type": "object", "properties": {}},
     },
+    {
+        "name": "revoke",
+        "description": "Refuse every later request's credentials.",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
 ]
 
 
 class State:
-    def __init__(self, forget_status: int) -> None:
+    def __init__(self, forget_status: int, token: str) -> None:
         self.forget_status = forget_status
+        self.token = token
+        self.revoked = False
         self.sessions: set[str] = set()
         self.calls = 0
         self.lock = threading.Lock()
@@ -89,9 +98,19 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
             else:
                 self._unknown_session()
 
+        def _authorized(self) -> bool:
+            sent = self.headers.get("authorization", "")
+            if not state.revoked and (not state.token or sent == f"Bearer {state.token}"):
+                return True
+            body = {"error": "invalid_token", "error_description": "The access token expired"}
+            self._send(401, body, www_authenticate='Bearer error="invalid_token"')
+            return False
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length", "0"))
             message = json.loads(self.rfile.read(length))
+            if not self._authorized():
+                return
             session = self.headers.get("mcp-session-id", "")
             method = message.get("method")
             if method == "initialize":
@@ -128,6 +147,9 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
                         n = state.calls
                     text = f"{(params.get('arguments') or {}).get('text', '')} #{n}"
                     result = {"content": [{"type": "text", "text": text}], "isError": False}
+                elif name == "revoke":
+                    state.revoked = True
+                    result = {"content": [{"type": "text", "text": "revoked"}], "isError": False}
                 elif name == "forget":
                     result = {"content": [{"type": "text", "text": "forgotten"}], "isError": False}
                     self._send(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
@@ -164,9 +186,11 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--forget-status", type=int, choices=(404, 400), default=404)
+    parser.add_argument("--token", default="")
     parser.add_argument("port", type=int)
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(State(args.forget_status)))
+    state = State(args.forget_status, args.token)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(state))
     server.daemon_threads = True
     server.serve_forever()
 

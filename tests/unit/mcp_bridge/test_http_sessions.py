@@ -18,7 +18,8 @@ import pytest
 
 from services.mcp_bridge import connection
 from services.mcp_bridge.model import ServerConfig
-from shared.contract import Ok
+from shared.contract import Err, Ok
+from shared.errors import FailedPrecondition
 from tests.unit.mcp_bridge.conftest import BridgeFactory
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,7 +33,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def session_server(port: int, forget_status: int) -> Iterator[subprocess.Popen[bytes]]:
+def session_server(
+    port: int, forget_status: int = 404, token: str = ""
+) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -40,6 +43,8 @@ def session_server(port: int, forget_status: int) -> Iterator[subprocess.Popen[b
             "tests.mcp_servers.session_http_server",
             "--forget-status",
             str(forget_status),
+            "--token",
+            token,
             str(port),
         ],
         cwd=ROOT,
@@ -62,9 +67,12 @@ def session_server(port: int, forget_status: int) -> Iterator[subprocess.Popen[b
         proc.wait(10)
 
 
-def http_config(port: int) -> ServerConfig:
+def http_config(port: int, **headers: str) -> ServerConfig:
     return ServerConfig(
-        name="sess", transport="streamable_http", url=f"http://127.0.0.1:{port}/mcp"
+        name="sess",
+        transport="streamable_http",
+        url=f"http://127.0.0.1:{port}/mcp",
+        headers=headers,
     )
 
 
@@ -116,3 +124,26 @@ async def test_a_server_that_keeps_forgetting_gets_the_usual_backoff(
         assert again.envelope == Ok(data="b #2")
         assert time.monotonic() - started >= 1.4
         assert bridge.list_connections()[0].restarts == 2
+
+
+async def test_refused_credentials_are_named_with_their_status_and_what_to_do(
+    make_bridge: BridgeFactory,
+) -> None:
+    """The SDK reports an HTTP error whose body is not JSON-RPC as "Server returned an error
+    response"; the bridge says which status it was, what the server said, and what to do."""
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port, token="good"):
+        with pytest.raises(FailedPrecondition) as refused:
+            await bridge.connect(http_config(port, Authorization="Bearer stale"))
+        message = refused.value.message
+        assert "refused the handshake: HTTP 401 Unauthorized" in message
+        assert "The access token expired" in message and "Reconnect" in message
+        assert "Server returned an error response" not in message
+        assert refused.value.metadata["http_status"] == "401"
+        await bridge.connect(http_config(port, Authorization="Bearer good"))
+        assert (await bridge.call_tool("sess", "revoke", {})).envelope == Ok(data="revoked")
+        later = (await bridge.call_tool("sess", "echo", {"text": "a"})).envelope
+        assert isinstance(later, Err) and later.err_kind == "mcp_error"
+        assert "rejected the call to 'echo': HTTP 401 Unauthorized" in later.message
+        assert "check the credentials" in later.message
