@@ -331,8 +331,15 @@ async def open_client(
                 http_state.session_id = session_id
             if response.status_code < 400 or response.request.method == "DELETE":
                 return  # a DELETE closes the session: its answer changes nothing
+            # Only a POST's answer (a message refused): some servers answer the optional GET
+            # stream with 404 for any session, which must not make the session look lost.
             sent = response.request.headers.get(SESSION_HEADER)
-            if sent and sent == http_state.session_id and await forgot_session(response):
+            if (
+                sent
+                and sent == http_state.session_id
+                and response.request.method == "POST"
+                and await forgot_session(response)
+            ):
                 http_state.lost = sent
             http_state.failure = await describe_failure(response)
             http_state.failed_at = time.monotonic()

@@ -2,7 +2,8 @@
 control how it forgets them: a server that restarted, or expired a session, must answer a
 request carrying the old `Mcp-Session-Id` with 404 (the spec), and servers on older SDKs answer
 400 with a JSON-RPC error about the session instead. Run:
-python -m tests.mcp_servers.session_http_server [--forget-status 404|400] [--token T] PORT
+python -m tests.mcp_servers.session_http_server [--forget-status 404|400] [--token T]
+[--get-status 404|405] PORT
 
 Tools: `echo` answers "<text> #<n>" (n counts the calls this server process ran, so a test sees
 whether a call ran once), `forget` forgets every session once it has answered, and `revoke`
@@ -40,8 +41,9 @@ TOOLS = [
 
 
 class State:
-    def __init__(self, forget_status: int, token: str) -> None:
+    def __init__(self, forget_status: int, token: str, get_status: int = 405) -> None:
         self.forget_status = forget_status
+        self.get_status = get_status
         self.token = token
         self.revoked = False
         self.sessions: set[str] = set()
@@ -85,8 +87,11 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
                     },
                 )
 
-        def do_GET(self) -> None:  # no server-initiated stream
-            self._send(405, None, allow="POST, DELETE")
+        def do_GET(self) -> None:  # no server-initiated stream; some servers say 404
+            if state.get_status == 404:
+                self._send(404, {"jsonrpc": "2.0", "error": {"code": -32001, "message": "nope"}})
+            else:
+                self._send(405, None, allow="POST, DELETE")
 
         def do_DELETE(self) -> None:
             session = self.headers.get("mcp-session-id", "")
@@ -187,9 +192,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--forget-status", type=int, choices=(404, 400), default=404)
     parser.add_argument("--token", default="")
+    parser.add_argument("--get-status", type=int, choices=(404, 405), default=405)
     parser.add_argument("port", type=int)
     args = parser.parse_args()
-    state = State(args.forget_status, args.token)
+    state = State(args.forget_status, args.token, args.get_status)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(state))
     server.daemon_threads = True
     server.serve_forever()

@@ -6,6 +6,7 @@ tests/mcp_servers/session_http_server.py, a real process over TCP."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def free_port() -> int:
 
 @contextmanager
 def session_server(
-    port: int, forget_status: int = 404, token: str = ""
+    port: int, forget_status: int = 404, token: str = "", get_status: int = 405
 ) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [
@@ -45,6 +46,8 @@ def session_server(
             str(forget_status),
             "--token",
             token,
+            "--get-status",
+            str(get_status),
             str(port),
         ],
         cwd=ROOT,
@@ -147,3 +150,18 @@ async def test_refused_credentials_are_named_with_their_status_and_what_to_do(
         assert isinstance(later, Err) and later.err_kind == "mcp_error"
         assert "rejected the call to 'echo': HTTP 401 Unauthorized" in later.message
         assert "check the credentials" in later.message
+
+
+async def test_a_404_to_the_optional_get_stream_does_not_make_the_session_look_lost(
+    make_bridge: BridgeFactory,
+) -> None:
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port, get_status=404):
+        await bridge.connect(http_config(port))
+        for n in range(1, 4):
+            out = await bridge.call_tool("sess", "echo", {"text": "a"})
+            assert out.envelope == Ok(data=f"a #{n}")
+            await asyncio.sleep(0.3)  # the supervisor watches every 0.2 s
+        [info] = bridge.list_connections()
+        assert (info.state, info.restarts) == ("connected", 0)
