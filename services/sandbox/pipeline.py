@@ -128,6 +128,12 @@ async def _ask(
         if billed is not None:
             await spend.add(billed, role)
         raise LlmStageFailed(stage, exc) from exc
+    except asyncio.CancelledError as cancelled:  # the worker stops, or lost the job's lease
+        billed = spend_of(cancelled)
+        if billed is not None:  # still logged: shielded, it finishes even if cancelled again
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(spend.add(billed, role))
+        raise
     await spend.add(reply.spend, role)
     if reply.refused:
         raise BuildRejected(f"the {stage} model refused the request (stop_reason refusal)")

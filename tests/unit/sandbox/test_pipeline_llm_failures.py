@@ -6,6 +6,7 @@ usage_log once — also when the reply turned out unusable."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -204,3 +205,27 @@ async def test_a_build_whose_answer_broke_off_keeps_what_it_was_billed_for(
     (entry,) = usage.entries
     assert (entry.tool_name, entry.input_tokens, entry.output_tokens) == ("tool_builder", 700, 0)
     assert entry.cost_usd == pytest.approx(billed)
+
+
+@ASYNC
+async def test_a_worker_stopped_mid_answer_still_logs_what_the_answer_was_billed_for(
+    sessions: sessionmaker[Session],
+    pool: WorkerPool,
+    fake: FakeAnthropic,
+    llm: Callable[[str], LLMClient],
+) -> None:
+    usage = MemoryUsage()
+    pipe, repo = pipeline(sessions, pool, llm, usage)
+    repo.create_job(tenant_id="t1", tool_name="", spec={"request": "shout"})
+    fake.script(Reply(text=json.dumps(GOOD_BUILD), input_tokens=800, pace_s=0.2))
+    run = asyncio.ensure_future(pipe.run_once())
+    for _ in range(250):
+        if fake.requests:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)  # message_start (with its usage) came 0.2 s after the request
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    (entry,) = usage.entries
+    assert (entry.tool_name, entry.input_tokens) == ("tool_builder", 800)
