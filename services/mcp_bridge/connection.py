@@ -35,13 +35,11 @@ REOPEN_POLL_S = 0.05  # how often a call waiting for a new session looks for it
 FORGOTTEN_AGAIN_S = 5.0
 
 OnOpen = Callable[["LiveConnection", list[McpTool]], Awaitable[InventoryReport]]
+OnToolsChanged = Callable[["LiveConnection"], None]
 
 
 class _SessionForgotten(ConnectionError):
     """The streamable HTTP server answered that it does not know our session."""
-
-
-OnToolsChanged = Callable[["LiveConnection"], None]
 
 
 class LiveConnection:

@@ -119,11 +119,8 @@ class HttpState:
         return self.failure if self.failed_at >= started else ""
 
 
-# A server that restarted, or expired a session, answers a request carrying its id with 404
-# (the MCP spec: the client must then open a new session); servers on older SDKs with 400 and a
-# JSON-RPC error about the session ("Bad Request: No valid session ID provided").
 _SESSION_WORDS = re.compile(r"session", re.IGNORECASE)
-_MAX_ERROR_BODY = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024  # error bodies read for their text, at most
 
 
 _HTTP_REASONS = {
@@ -182,7 +179,11 @@ def with_http_failure(message: str, http_failure: str) -> str:
 
 
 async def forgot_session(response: Any) -> bool:
-    """Whether `response` says the server does not know the session id its request carried."""
+    """Whether `response` says the server does not know the session id its request carried.
+
+    A server that restarted, or expired a session, answers a request carrying its id with 404
+    (the MCP spec: the client must then open a new session); servers on older SDKs answer 400
+    with a JSON-RPC error about the session ("Bad Request: No valid session ID provided")."""
     if response.status_code == 404:
         return True
     if response.status_code != 400:
@@ -329,17 +330,13 @@ async def open_client(
             session_id = response.headers.get(SESSION_HEADER)
             if session_id:
                 http_state.session_id = session_id
-            if response.status_code < 400 or response.request.method == "DELETE":
-                return  # a DELETE closes the session: its answer changes nothing
-            # Only a POST's answer (a message refused): some servers answer the optional GET
-            # stream with 404 for any session, which must not make the session look lost.
+            # Only a POST's error answer (a JSON-RPC message refused) counts: the optional GET
+            # stream may be refused (405, or 404 for any session on some servers) and a DELETE
+            # closes the session — neither says anything of a call or the handshake.
+            if response.status_code < 400 or response.request.method != "POST":
+                return
             sent = response.request.headers.get(SESSION_HEADER)
-            if (
-                sent
-                and sent == http_state.session_id
-                and response.request.method == "POST"
-                and await forgot_session(response)
-            ):
+            if sent and sent == http_state.session_id and await forgot_session(response):
                 http_state.lost = sent
             http_state.failure = await describe_failure(response)
             http_state.failed_at = time.monotonic()
