@@ -15,7 +15,7 @@ from shared.db.models import UsageLogRow
 from shared.telemetry.tracing import current_trace_id
 
 if TYPE_CHECKING:
-    from shared.llm.client import LLMReply, LLMSpend
+    from shared.llm.client import LLMSpend
 
 
 @dataclass(frozen=True)
@@ -34,28 +34,6 @@ class UsageEntry:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
-
-    @classmethod
-    def of_llm_reply(
-        cls,
-        reply: LLMReply,
-        *,
-        tenant_id: str,
-        tool_name: str,
-        user_id: str = "",
-        conversation_id: str = "",
-        tool_use_id: str = "",
-    ) -> UsageEntry:
-        """The usage_log row of one LLM call: its cost, model and tokens (its failed
-        attempts' included), in the current trace."""
-        return cls.of_llm_spend(
-            reply.spend,
-            tenant_id=tenant_id,
-            tool_name=tool_name,
-            user_id=user_id,
-            conversation_id=conversation_id,
-            tool_use_id=tool_use_id,
-        )
 
     @classmethod
     def of_llm_spend(

@@ -58,11 +58,11 @@ def everything_cmd() -> list[str]:
         pytest.skip(str(exc))
 
 
-@pytest.fixture(scope="module")
-def everything_http(everything_cmd: list[str]) -> Iterator[str]:
-    (port,) = free_ports(1)
+@contextmanager
+def everything_over_http(command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """server-everything over streamable HTTP on `port`, while the block runs."""
     proc = subprocess.Popen(
-        [*everything_cmd, "streamableHttp"],
+        [*command, "streamableHttp"],
         env={**os.environ, "PORT": str(port)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -76,10 +76,17 @@ def everything_http(everything_cmd: list[str]) -> Iterator[str]:
 
     try:
         wait_for(listening)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield proc
     finally:
-        proc.terminate()
+        proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def everything_http(everything_cmd: list[str]) -> Iterator[str]:
+    (port,) = free_ports(1)
+    with everything_over_http(everything_cmd, port):
+        yield f"http://127.0.0.1:{port}/mcp"
 
 
 def serve_over_http(module: str, *args: str) -> Iterator[str]:
@@ -462,30 +469,6 @@ def test_streamable_http_connection_calls_over_tcp(mcp_mesh: Mesh, everything_ht
     mcp_span = next(s for s in spans if s.name == "tools/call echo")
     assert mcp_span.attributes["network.transport"] == "tcp"
     assert mcp_span.attributes["mcp.session.id"] == conn.session_id
-
-
-@contextmanager
-def everything_over_http(command: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """server-everything over streamable HTTP on `port`, while the block runs."""
-    proc = subprocess.Popen(
-        [*command, "streamableHttp"],
-        env={**os.environ, "PORT": str(port)},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def listening() -> bool:
-        assert proc.poll() is None, "server-everything (streamableHttp) exited"
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        wait_for(listening)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def test_a_restarted_http_server_gets_a_new_session_and_the_call_goes_through(

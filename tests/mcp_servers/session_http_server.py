@@ -142,48 +142,38 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
                 self._send(202, None)
                 return
             if method == "tools/list":
-                result: dict[str, Any] = {"tools": TOOLS}
+                self._answer(message, result={"tools": TOOLS})
             elif method == "tools/call":
-                params = message.get("params") or {}
-                name = params.get("name")
-                if name == "echo":
-                    with state.lock:
-                        state.calls += 1
-                        n = state.calls
-                    text = f"{(params.get('arguments') or {}).get('text', '')} #{n}"
-                    result = {"content": [{"type": "text", "text": text}], "isError": False}
-                elif name == "revoke":
-                    state.revoked = True
-                    result = {"content": [{"type": "text", "text": "revoked"}], "isError": False}
-                elif name == "forget":
-                    result = {"content": [{"type": "text", "text": "forgotten"}], "isError": False}
-                    self._send(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
-                    with state.lock:
-                        state.sessions.clear()
-                    return
-                else:
-                    self._send(
-                        200,
-                        {
-                            "jsonrpc": "2.0",
-                            "id": message["id"],
-                            "error": {"code": -32602, "message": f"unknown tool {name}"},
-                        },
-                    )
-                    return
+                self._call(message)
             elif method == "ping":
-                result = {}
+                self._answer(message, result={})
             else:
-                self._send(
-                    200,
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message["id"],
-                        "error": {"code": -32601, "message": f"no method {method}"},
-                    },
-                )
+                self._answer(message, error={"code": -32601, "message": f"no method {method}"})
+
+        def _answer(self, message: dict[str, Any], **outcome: Any) -> None:
+            """A JSON-RPC answer to `message`: result=… or error=…."""
+            self._send(200, {"jsonrpc": "2.0", "id": message["id"], **outcome})
+
+        def _call(self, message: dict[str, Any]) -> None:
+            params = message.get("params") or {}
+            name = params.get("name")
+            if name == "echo":
+                with state.lock:
+                    state.calls += 1
+                    n = state.calls
+                text = f"{(params.get('arguments') or {}).get('text', '')} #{n}"
+            elif name == "revoke":
+                state.revoked, text = True, "revoked"
+            elif name == "forget":
+                text = "forgotten"
+            else:
+                self._answer(message, error={"code": -32602, "message": f"unknown tool {name}"})
                 return
-            self._send(200, {"jsonrpc": "2.0", "id": message["id"], "result": result})
+            content = [{"type": "text", "text": text}]
+            self._answer(message, result={"content": content, "isError": False})
+            if name == "forget":  # once it has answered
+                with state.lock:
+                    state.sessions.clear()
 
     return Handler
 

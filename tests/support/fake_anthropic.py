@@ -7,6 +7,7 @@ body is recorded, with its headers, for assertions."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
 import socket
@@ -216,6 +217,14 @@ class FakeAnthropic:
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
+
+    async def requested(self, count: int = 1, timeout_s: float = 5.0) -> None:
+        """Wait until at least `count` requests have arrived (AssertionError after
+        `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.requests) < count:
+            assert time.monotonic() < deadline, f"{len(self.requests)} of {count} request(s) came"
+            await asyncio.sleep(0.02)
 
     def script(self, *replies: Reply) -> None:
         with self._lock:

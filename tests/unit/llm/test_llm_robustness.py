@@ -264,7 +264,7 @@ async def test_an_attempt_that_broke_after_the_answer_began_is_still_priced(
     assert attributes["gen_ai.usage.output_tokens"] == 20
     assert attributes[llm_client.LLM_FAILED_INPUT_TOKENS] == 2_000
     assert attributes["gen_ai.usage.cost.amount"] == pytest.approx(reply.cost_usd)
-    entry = UsageEntry.of_llm_reply(reply, tenant_id="t", tool_name="call_llm")
+    entry = UsageEntry.of_llm_spend(reply.spend, tenant_id="t", tool_name="call_llm")
     assert (entry.input_tokens, entry.output_tokens) == (3_000, 20)
     assert entry.cost_usd == pytest.approx(reply.cost_usd)
 
@@ -442,10 +442,7 @@ async def test_cancelling_the_call_aborts_its_http_request(
     client = client_of(fake)
     try:
         task = asyncio.ensure_future(client.complete(ASK))
-        for _ in range(250):
-            if fake.requests:
-                break
-            await asyncio.sleep(0.02)
+        await fake.requested()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -584,10 +581,7 @@ async def test_a_call_cancelled_while_it_waits_to_retry_counts_each_attempt_once
     client = client_of(fake, max_retries=2)
     try:
         task = asyncio.ensure_future(client.complete(ASK))
-        for _ in range(250):
-            if fake.requests:
-                break
-            await asyncio.sleep(0.02)
+        await fake.requested()
         await asyncio.sleep(0.5)  # the first attempt broke; the call waits 30 s to retry
         task.cancel()
         with pytest.raises(asyncio.CancelledError) as cancelled:

@@ -219,10 +219,7 @@ async def test_a_worker_stopped_mid_answer_still_logs_what_the_answer_was_billed
     repo.create_job(tenant_id="t1", tool_name="", spec={"request": "shout"})
     fake.script(Reply(text=json.dumps(GOOD_BUILD), input_tokens=800, pace_s=0.2))
     run = asyncio.ensure_future(pipe.run_once())
-    for _ in range(250):
-        if fake.requests:
-            break
-        await asyncio.sleep(0.02)
+    await fake.requested()
     await asyncio.sleep(1.0)  # message_start (with its usage) came 0.2 s after the request
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
