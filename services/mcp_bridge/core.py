@@ -140,6 +140,13 @@ def _unregistrable(tool: Any) -> str | None:
     connection's registration."""
     if "\x00" in tool.name:
         return "its name holds a NUL character"
+    if tool.task_support == "required":
+        # MCP's task-augmented execution (tools/call with `task`, then tasks/get and
+        # tasks/result): the SDK's client has none, and a plain call is refused (-32601).
+        return (
+            'it runs only as a task (execution.taskSupport "required"); the bridge makes plain '
+            "tool calls, which the server refuses for it"
+        )
     size = len(convert.dumps(tool.input_schema or {}).encode("utf-8"))
     if size > convert.MAX_SCHEMA_BYTES:
         return f"its input schema is {size} bytes, over the {convert.MAX_SCHEMA_BYTES}-byte limit"

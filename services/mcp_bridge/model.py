@@ -106,6 +106,8 @@ class McpTool:
     output_schema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
     title: str | None = None
+    # The server's `execution.taskSupport`: "forbidden", "optional", "required", or None.
+    task_support: str | None = None
 
 
 @dataclass(frozen=True)

@@ -787,6 +787,7 @@ def connect_error(config: Any, exc: BaseException, http_failure: str = "") -> To
 def tool_from_sdk(tool: Any) -> dict[str, Any]:
     """The fields of an SDK Tool the bridge keeps, as plain JSON values."""
     annotations = getattr(tool, "annotations", None)
+    task_support = getattr(getattr(tool, "execution", None), "task_support", None)
     return {
         "name": str(tool.name),
         "title": getattr(tool, "title", None),
@@ -796,7 +797,11 @@ def tool_from_sdk(tool: Any) -> dict[str, Any]:
         "annotations": annotations.model_dump(mode="json", exclude_none=True)
         if annotations is not None and hasattr(annotations, "model_dump")
         else None,
+        "task_support": task_support if task_support in _TASK_SUPPORT else None,
     }
+
+
+_TASK_SUPPORT = ("forbidden", "optional", "required")
 
 
 # What the SDK's own errors say, as against a server's error response with the same code:

@@ -279,6 +279,11 @@ def test_mcp_everything_echo_goes_through_the_mesh_and_back_as_one_trace(
 ) -> None:
     assert everything.tools_discovered == len(everything.tool_names) > 0
     assert "mcp_everything_echo" in everything.tool_names
+    # Its task-only tool (execution.taskSupport "required") is not offered: a plain call fails.
+    assert "mcp_everything_simulate-research-query" not in everything.tool_names
+    assert any(
+        s.startswith("simulate-research-query: it runs only as a task") for s in everything.skipped
+    )
     response = dispatch(mcp_mesh, "mcp_everything_echo", {"message": "hi"}, conversation="mcp-1")
     assert response.result.envelope.WhichOneof("kind") == "ok"
     assert json.loads(response.result.envelope.ok.data_json) == "Echo: hi"

@@ -174,6 +174,31 @@ async def test_disconnect_soft_deletes_the_tools_and_forgets_the_connection(
         await bridge.disconnect("raw")
 
 
+async def test_a_tool_that_runs_only_as_a_task_is_skipped_saying_why(
+    make_bridge: BridgeFactory, tmp_path: Path
+) -> None:
+    """MCP's task-augmented execution (`execution.taskSupport: "required"`): a plain call is
+    refused by the server, so the model is not offered the tool; "optional" runs plainly."""
+    inventory = tmp_path / "inventory.json"
+    base = {"description": "d", "inputSchema": {"type": "object"}}
+    inventory.write_text(
+        json.dumps(
+            [
+                {**base, "name": "as_task", "execution": {"taskSupport": "required"}},
+                {**base, "name": "either", "execution": {"taskSupport": "optional"}},
+            ]
+        )
+    )
+    bridge = make_bridge()
+    report = await bridge.connect(raw_config("tasks", "--inventory", str(inventory)))
+    assert "mcp_tasks_either" in report.tool_names
+    assert "mcp_tasks_as_task" not in report.tool_names
+    (skip,) = [s for s in report.skipped if s.startswith("as_task:")]
+    assert 'execution.taskSupport "required"' in skip
+    either = await bridge.call_tool("tasks", "either", {})
+    assert either.envelope == Ok(data="either v1")
+
+
 async def test_reconnect_reports_changes_and_holds_changed_definitions_until_approved(
     make_bridge: BridgeFactory, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
