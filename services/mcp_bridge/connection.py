@@ -30,6 +30,10 @@ WATCH_INTERVAL_S = 0.2
 CLOSE_TIMEOUT_S = 10.0
 
 REOPEN_POLL_S = 0.05  # how often a call waiting for a new session looks for it
+# A session that served this long resets the restart backoff when it ends: a server that crashes
+# once a day restarts after the first delay, not the longest; one crashing as soon as it is up
+# still backs off further each time.
+STABLE_SESSION_S = 30.0
 # A server that forgets our session again within this many seconds of the last time gets the
 # usual backoff before the next one (say, a load balancer without sticky sessions).
 FORGOTTEN_AGAIN_S = 5.0
@@ -80,6 +84,8 @@ class LiveConnection:
         self._closing = asyncio.Event()
         self._broken = asyncio.Event()
         self._forgotten_at = float("-inf")  # time.monotonic() the server last forgot a session
+        self._opened_at: float | None = None  # when the current session began to serve
+        self.last_backoff_s = 0.0  # the last wait before re-opening, for ListConnections/tests
         self._task: asyncio.Task[None] | None = None
         self._first: asyncio.Future[InventoryReport] | None = None
         # Held while a listing of this connection is registered (the supervisor's on each
@@ -148,11 +154,14 @@ class LiveConnection:
             self.state = "connecting"
             forgotten = False
             opening = time.monotonic()
+            self._opened_at = None
             try:
                 await self._session(first=not opened_once)
-                opened_once = True
-                attempt = 0
             except Exception as exc:  # noqa: BLE001 - the supervisor's top level: record, retry
+                if self._opened_at is not None:
+                    opened_once = True
+                    if time.monotonic() - self._opened_at >= STABLE_SESSION_S:
+                        attempt = 0  # it served a while: back off from the start again
                 leaf = sdk.leaf_exception(exc)  # through the SDK's task groups
                 if isinstance(leaf, _SessionForgotten):
                     # The server is up but lost our session: a new one at once — unless it
@@ -179,6 +188,7 @@ class LiveConnection:
                 self.restarts += 1
                 continue
             delay = min(self._backoff_s * (2**attempt), self._backoff_max_s)
+            self.last_backoff_s = delay
             attempt += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), delay)
@@ -201,6 +211,7 @@ class LiveConnection:
                 self.tool_names = list(report.tool_names)
                 self._client = client
                 self.state = "connected"
+                self._opened_at = time.monotonic()
             self.last_error = ""
             if self._first is not None and not self._first.done():
                 self._first.set_result(report)

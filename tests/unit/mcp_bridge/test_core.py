@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from services.mcp_bridge import connection
 from services.mcp_bridge.model import ServerConfig
 from services.mcp_bridge.store import SqlConnectionStore
 from services.registry.repository import SqlToolRepository
@@ -145,6 +146,28 @@ async def test_a_crashed_server_answers_unavailable_then_is_restarted(
     )
     # The crashed process was reaped; only its replacement runs.
     assert len(set(children_of(os.getpid())) - before) == 1
+
+
+async def test_the_restart_backoff_grows_for_a_crash_loop_and_resets_after_a_stable_session(
+    make_bridge: BridgeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that crashes as soon as it is up waits longer each time; one whose session
+    served a while (STABLE_SESSION_S) restarts after the first delay again — before, the delay
+    only ever grew, so a server crashing once a day soon waited the longest backoff."""
+    bridge = make_bridge(backoff_s=0.2, backoff_max_s=5.0)
+    await bridge.connect(raw_config("raw"))
+    live = bridge._connections["raw"]
+
+    async def crash_and_wait_for_restart(restarts: int) -> float:
+        with pytest.raises(Unavailable):
+            await bridge.call_tool("raw", "crash", {})
+        await wait_until(lambda: live.restarts == restarts and live.state == "connected")
+        return live.last_backoff_s
+
+    monkeypatch.setattr(connection, "STABLE_SESSION_S", 3600.0)  # every session short-lived
+    assert [await crash_and_wait_for_restart(n) for n in (1, 2, 3)] == [0.2, 0.4, 0.8]
+    monkeypatch.setattr(connection, "STABLE_SESSION_S", 0.0)  # every session served long enough
+    assert [await crash_and_wait_for_restart(n) for n in (4, 5)] == [0.2, 0.2]
 
 
 async def test_connect_disconnect_cycles_leak_no_processes(make_bridge: BridgeFactory) -> None:
