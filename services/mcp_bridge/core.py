@@ -153,6 +153,13 @@ def _unregistrable(tool: Any) -> str | None:
     return None
 
 
+def _definition_of(live: LiveConnection, tool: str) -> str | None:
+    """The definition hash of the server's tool `tool` as the connection's session listed it,
+    or None when it did not."""
+    found = next((t for t in live.tools if t.name == tool), None)
+    return definition_hash(found) if found is not None else None
+
+
 def _description(connection: str, description: str) -> str:
     """The registered description: `[MCP: conn]` first, clipped to what the registry takes (a
     server's description goes into every prompt that offers its tool)."""
@@ -680,8 +687,10 @@ class McpBridge:
                         live, client, live.session_id, tool, arguments, timeout, progress
                     )
                 except _SessionLost:
-                    # Refused before it ran: safe to send again, on the new session.
+                    # Refused before it ran: safe to send again, on the new session — unless
+                    # the tool is no longer what was approved (the server came back changed).
                     span.add_event("mcp.session.reopen", {"mcp.session.id": live.session_id})
+                    pinned = _definition_of(live, tool)
                     left = timeout - (time.monotonic() - started)
                     client = await live.reopened(client, min(left, self._connect_timeout_s))
                     if client is None:
@@ -693,10 +702,26 @@ class McpBridge:
                             metadata={"connection": connection},
                         ) from None
                     span.set_attribute("mcp.session.id", live.session_id)
-                    left = timeout - (time.monotonic() - started)
-                    outcome = await self._invoke(
-                        live, client, live.session_id, tool, arguments, max(left, 0.001), progress
-                    )
+                    if self._hold_changed and _definition_of(live, tool) != pinned:
+                        outcome = CallOutcome(
+                            Err(
+                                f"MCP tool {tool!r} of {connection!r} was not run: its server "
+                                "came back with a different definition of it (or without it), "
+                                "which is held for an administrator's approval",
+                                err_kind="tool_changed",
+                            )
+                        )
+                    else:
+                        left = timeout - (time.monotonic() - started)
+                        outcome = await self._invoke(
+                            live,
+                            client,
+                            live.session_id,
+                            tool,
+                            arguments,
+                            max(left, 0.001),
+                            progress,
+                        )
             except Unavailable as exc:
                 span.set_attribute("error.type", exc.reason)
                 span.set_status(Status(StatusCode.ERROR, exc.message))

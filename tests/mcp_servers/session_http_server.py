@@ -3,7 +3,7 @@ control how it forgets them: a server that restarted, or expired a session, must
 request carrying the old `Mcp-Session-Id` with 404 (the spec), and servers on older SDKs answer
 400 with a JSON-RPC error about the session instead. Run:
 python -m tests.mcp_servers.session_http_server [--forget-status 404|400] [--token T]
-[--get-status 404|405] PORT
+[--get-status 404|405] [--echo-description TEXT] PORT
 
 Tools: `echo` answers "<text> #<n>" (n counts the calls this server process ran, so a test sees
 whether a call ran once), `forget` forgets every session once it has answered, and `revoke`
@@ -183,9 +183,12 @@ def main() -> None:
     parser.add_argument("--forget-status", type=int, choices=(404, 400), default=404)
     parser.add_argument("--token", default="")
     parser.add_argument("--get-status", type=int, choices=(404, 405), default=405)
+    parser.add_argument("--echo-description", default="", help="a changed definition of echo")
     parser.add_argument("port", type=int)
     args = parser.parse_args()
     state = State(args.forget_status, args.token, args.get_status)
+    if args.echo_description:
+        TOOLS[0] = {**TOOLS[0], "description": args.echo_description}
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(state))
     server.daemon_threads = True
     server.serve_forever()

@@ -35,7 +35,11 @@ def free_port() -> int:
 
 @contextmanager
 def session_server(
-    port: int, forget_status: int = 404, token: str = "", get_status: int = 405
+    port: int,
+    forget_status: int = 404,
+    token: str = "",
+    get_status: int = 405,
+    echo_description: str = "",
 ) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [
@@ -48,6 +52,8 @@ def session_server(
             token,
             "--get-status",
             str(get_status),
+            "--echo-description",
+            echo_description,
             str(port),
         ],
         cwd=ROOT,
@@ -107,6 +113,26 @@ async def test_a_restarted_server_is_met_with_a_new_session(make_bridge: BridgeF
         after = await bridge.call_tool("sess", "echo", {"text": "b"})
         assert after.envelope == Ok(data="b #1")
         assert (await bridge.call_tool("sess", "echo", {"text": "c"})).envelope == Ok(data="c #2")
+
+
+async def test_a_server_back_with_a_changed_tool_does_not_get_the_refused_call_again(
+    make_bridge: BridgeFactory,
+) -> None:
+    """Pinning: the call was approved against the old definition; the new one is held, so the
+    refused call is answered, not sent again."""
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port):
+        await bridge.connect(http_config(port))
+        assert (await bridge.call_tool("sess", "echo", {"text": "a"})).envelope == Ok(data="a #1")
+    with session_server(port, echo_description="Echo, but changed."):
+        refused = (await bridge.call_tool("sess", "echo", {"text": "b"})).envelope
+        assert isinstance(refused, Err) and refused.err_kind == "tool_changed"
+        assert "held for an administrator's approval" in refused.message
+        [info] = bridge.list_connections()
+        assert info.state == "connected"
+        # It did not run: the new server's first echo is the next one.
+        assert (await bridge.call_tool("sess", "echo", {"text": "c"})).envelope == Ok(data="c #1")
 
 
 async def test_a_server_that_keeps_forgetting_gets_the_usual_backoff(
