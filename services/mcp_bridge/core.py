@@ -153,10 +153,10 @@ def _unregistrable(tool: Any) -> str | None:
     return None
 
 
-def _definition_of(live: LiveConnection, tool: str) -> str | None:
-    """The definition hash of the server's tool `tool` as the connection's session listed it,
-    or None when it did not."""
-    found = next((t for t in live.tools if t.name == tool), None)
+def _definition_of(listing: Sequence[McpTool], tool: str) -> str | None:
+    """The definition hash of the server's tool `tool` in a session's listing, or None when
+    it was not listed."""
+    found = next((t for t in listing if t.name == tool), None)
     return definition_hash(found) if found is not None else None
 
 
@@ -681,6 +681,7 @@ class McpBridge:
 
             # Baggage stays inside the mesh: the SDK injects the current context into _meta.
             token = otel_context.attach(baggage.clear())
+            listed = live.tools  # this session's listing (a re-opened one gets a new list)
             try:
                 try:
                     outcome = await self._invoke(
@@ -690,7 +691,6 @@ class McpBridge:
                     # Refused before it ran: safe to send again, on the new session — unless
                     # the tool is no longer what was approved (the server came back changed).
                     span.add_event("mcp.session.reopen", {"mcp.session.id": live.session_id})
-                    pinned = _definition_of(live, tool)
                     left = timeout - (time.monotonic() - started)
                     client = await live.reopened(client, min(left, self._connect_timeout_s))
                     if client is None:
@@ -702,7 +702,9 @@ class McpBridge:
                             metadata={"connection": connection},
                         ) from None
                     span.set_attribute("mcp.session.id", live.session_id)
-                    if self._hold_changed and _definition_of(live, tool) != pinned:
+                    if self._hold_changed and _definition_of(live.tools, tool) != _definition_of(
+                        listed, tool
+                    ):
                         outcome = CallOutcome(
                             Err(
                                 f"MCP tool {tool!r} of {connection!r} was not run: its server "
