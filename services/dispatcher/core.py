@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ from shared.contract.effects import DisplayHandle, Effect
 from shared.contract.effects_cards import finalize_turn_cards
 from shared.db.engine import bounded_db_wait, db_thread
 from shared.errors import DeadlineExceeded, InvalidArgument, ToolmeshError
+from shared.lru import ExpiringCache
 from shared.telemetry.tracing import current_trace_id, span_attributes, with_call_baggage
 from shared.telemetry.usage import UsageLog
 from toolmesh.registry.v1 import registry_pb2 as rpb
@@ -245,10 +245,8 @@ class ToolTimeouts:
     """Per-tool timeouts from the registry's definitions (GetTool), cached for `ttl_s`; the
     default when a tool sets none or cannot be looked up.
 
-    The cache is kept in the order its entries expire (every entry lives `ttl_s`, and a
-    refreshed one moves to the end), so expired entries are dropped from its front as new ones
-    come, and it never holds more than `max_entries`: keyed by (tenant, tool name) as callers
-    send them, unknown names included, it kept every pair it ever saw."""
+    An ExpiringCache of at most `max_entries`: keyed by (tenant, tool name) as callers send
+    them, unknown names included, an unbounded one kept every pair it ever saw."""
 
     def __init__(
         self,
@@ -260,26 +258,22 @@ class ToolTimeouts:
     ) -> None:
         self._registry = registry
         self._default_s = default_s
-        self._ttl_s = ttl_s
         self._clock = clock
-        self._max_entries = max(1, max_entries)
-        # (tenant, tool) -> (timeout, expires at), oldest first.
-        self._cache: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()
+        # (tenant, tool) -> timeout
+        self._cache: ExpiringCache[tuple[str, str], float] = ExpiringCache(
+            ttl_s, max(1, max_entries)
+        )
 
     def __len__(self) -> int:
         return len(self._cache)
 
     def cached(self, name: str, tenant_id: str) -> float | None:
-        return self._cached_value((tenant_id, name), self._clock())
-
-    def _cached_value(self, key: tuple[str, str], now: float) -> float | None:
-        hit = self._cache.get(key)
-        return hit[0] if hit is not None and hit[1] > now else None
+        return self._cache.get((tenant_id, name), self._clock())
 
     async def get(self, name: str, tenant_id: str) -> float:
         key = (tenant_id, name)
         now = self._clock()
-        hit = self._cached_value(key, now)
+        hit = self._cache.get(key, now)
         if hit is not None:
             return hit
         try:
@@ -287,11 +281,7 @@ class ToolTimeouts:
         except ToolmeshError:
             own = None  # unknown tool or registry trouble: ExecuteTool reports it properly
         value = own if own is not None and own > 0 else self._default_s
-        cache = self._cache
-        cache.pop(key, None)
-        cache[key] = (value, now + self._ttl_s)
-        while cache and (len(cache) > self._max_entries or next(iter(cache.values()))[1] <= now):
-            cache.popitem(last=False)
+        self._cache.put(key, value, now)
         return value
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from services.dispatcher import jsonpath
 from shared.convert import has_control
 from shared.errors import InvalidArgument
+from shared.lru import ExpiringCache
 from shared.schema_regex import compile_re2
 
 # Free-text keys a model uses to narrate a call; they never change what the call does.
@@ -113,27 +114,16 @@ class RecentLoops:
     were planned."""
 
     def __init__(self, ttl_s: float = 30.0, max_entries: int = 65_536) -> None:
-        self._ttl_s = ttl_s
-        self._max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[LoopState, float]] = {}
+        self._entries: ExpiringCache[tuple[str, str], LoopState] = ExpiringCache(ttl_s, max_entries)
 
     def latest(self, key: tuple[str, str], stored: LoopState, now: float) -> LoopState:
         """The later of the stored state and the one remembered for `key` (the stored one
         when they tie: it is what every replica sees)."""
-        entry = self._entries.get(key)
-        if entry is None or entry[1] <= now or entry[0].seq <= stored.seq:
-            return stored
-        return entry[0]
+        remembered = self._entries.get(key, now)
+        return stored if remembered is None or remembered.seq <= stored.seq else remembered
 
     def remember(self, key: tuple[str, str], loop: LoopState, now: float) -> None:
-        entries = self._entries
-        entries.pop(key, None)  # re-inserted last: the dict stays in expiry order
-        entries[key] = (loop, now + self._ttl_s)
-        while entries:
-            oldest = next(iter(entries))
-            if len(entries) <= self._max_entries and entries[oldest][1] > now:
-                break
-            del entries[oldest]
+        self._entries.put(key, loop, now)
 
     def __len__(self) -> int:
         return len(self._entries)

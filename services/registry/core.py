@@ -23,7 +23,6 @@ import logging
 import reprlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ from shared.contract.telemetry import emit
 from shared.costs import BudgetExceeded
 from shared.db.engine import db_thread
 from shared.errors import FailedPrecondition, NotFound
-from shared.lru import LruCache
+from shared.lru import ExpiringCache, LruCache
 from shared.telemetry import metrics, semconv
 from shared.telemetry.tracing import current_trace_id, span_attributes, tracer
 from shared.telemetry.usage import UsageEntry
@@ -252,11 +251,11 @@ class Registry:
         self._context_defaults = context_defaults
         self._routes = dict(routes or {})
         self._handlers: dict[str, Handler] = {}
-        # name -> (expires at, its definition or None), in the order the entries expire (each
-        # lives cache_ttl_s; a refreshed one moves to the end): expired ones are dropped from
-        # the front as new ones come, so it holds the names of the last cache_ttl_s, not every
-        # name looked up until MAX_CACHED_TOOLS.
-        self._cache: OrderedDict[str, tuple[float, ToolDef | None]] = OrderedDict()
+        # name -> (its definition or None,) for cache_ttl_s: the names of the last
+        # cache_ttl_s, unknown ones too, not every name looked up until MAX_CACHED_TOOLS.
+        self._cache: ExpiringCache[str, tuple[ToolDef | None]] = ExpiringCache(
+            cache_ttl_s, MAX_CACHED_TOOLS
+        )
         # Per tool name, for the version last seen: jsonschema's validator, and the compiled
         # first pass that accepts valid input without it (services.registry.fast_accept), when
         # there is one. A schema that cannot validate anything is cached as the Hint every call
@@ -266,7 +265,6 @@ class Registry:
         self._validators_cache: LruCache[str, tuple[int, Validators | Hint]] = LruCache(
             max_cached_validators
         )
-        self._cache_ttl_s = cache_ttl_s
         self.db_wait_s = db_wait_s
         self._max_depth = max_depth
         self._threads = HandlerThreads(handler_threads, max_depth=max_depth)
@@ -353,7 +351,7 @@ class Registry:
         if name is None:
             self._cache.clear()
         else:
-            self._cache.pop(name, None)
+            self._cache.pop(name)
             self._validators_cache.pop(name)
 
     # --- catalog --------------------------------------------------------------------------
@@ -368,17 +366,12 @@ class Registry:
     async def lookup(self, name: str, tenant_id: str) -> ToolDef:
         """The live tool visible to the tenant, or NotFound naming the closest tools."""
         now = self._clock()
-        cached = self._cache.get(name)
-        if cached is not None and cached[0] > now:
-            tool = cached[1]
+        cached = self._cache.get(name, now)
+        if cached is not None:
+            (tool,) = cached
         else:
             tool = await db_thread(self.db_wait_s, "a tool definition's read", self._repo.get, name)
-            cache = self._cache
-            cache.pop(name, None)
-            cache[name] = (now + self._cache_ttl_s, tool)
-            # Unknown names too: they must not grow it for ever.
-            while cache and (len(cache) > MAX_CACHED_TOOLS or next(iter(cache.values()))[0] <= now):
-                cache.popitem(last=False)
+            self._cache.put(name, (tool,), now)
         if tool is None or not tool.live or not tool.visible_to(tenant_id):
             # Suggest only tools this tenant can see: other tenants' tool names stay private.
             visible = await db_thread(
