@@ -19,7 +19,7 @@ from shared.config import DEFAULT_DB_WAIT_S, Settings
 from shared.costs import BudgetExceeded, CostAccount
 from shared.db.engine import db_thread
 from shared.errors import ToolmeshError
-from shared.llm.client import LLMSpend, spend_of
+from shared.llm.client import LLMSpend, charge_billed, spend_of
 from shared.telemetry import metrics
 from shared.telemetry.usage import UsageEntry, UsageLog
 
@@ -28,12 +28,6 @@ if TYPE_CHECKING:
     from shared.llm.client import LLMClient, LLMReply
 
 logger = logging.getLogger(__name__)
-
-
-def _quiet(task: asyncio.Future[Any]) -> None:
-    """Retrieve a background task's exception (it was reported where it mattered)."""
-    if not task.cancelled():
-        task.exception()
 
 
 T = TypeVar("T")
@@ -244,22 +238,16 @@ class ToolContext:
                 on_text=writing if self.progress_sink is not None else None,
             )
         except (ToolmeshError, asyncio.CancelledError) as error:
-            spend = spend_of(error)
-            if spend is not None:  # broken attempts were billed: charged, the error kept
-                # Shielded: a cancelled call's usage row is still written (and a second
-                # cancellation while it is leaves the write running).
-                charge = asyncio.ensure_future(self._charge_llm(spend))
-                try:
-                    await asyncio.shield(charge)
-                except (ToolmeshError, BudgetExceeded) as also:
-                    logger.warning(
-                        "%s: the cost of a failed LLM call, $%.6f, was charged but: %s",
-                        self.tool_name,
-                        spend.cost_usd,
-                        also,
-                    )
-                except asyncio.CancelledError:
-                    charge.add_done_callback(_quiet)
+            # Broken attempts were billed: charged (a cancelled call's too), the error kept.
+            try:
+                await charge_billed(error, self._charge_llm)
+            except (ToolmeshError, BudgetExceeded) as also:
+                logger.warning(
+                    "%s: the cost of a failed LLM call, $%.6f, was charged but: %s",
+                    self.tool_name,
+                    getattr(spend_of(error), "cost_usd", 0.0),
+                    also,
+                )
             raise
         await self._charge_llm(reply.spend)
         return reply

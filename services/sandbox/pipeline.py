@@ -50,7 +50,7 @@ from shared.errors import (
     ToolmeshError,
     Unavailable,
 )
-from shared.llm.client import LLMClient, LLMReply, LLMSpend, spend_of
+from shared.llm.client import LLMClient, LLMReply, LLMSpend, charge_billed
 from shared.llm.config import ROLE_TOOL_AUDITOR, ROLE_TOOL_BUILDER
 from shared.llm.prompts import TOOL_AUDITOR_SYSTEM, TOOL_BUILDER_SYSTEM
 from shared.telemetry.tracing import tracer
@@ -123,16 +123,10 @@ async def _ask(
     answer is a rejection that says so; a failed call an LlmStageFailed."""
     try:
         reply = await llm(role).complete(messages, system=system)
-    except ToolmeshError as exc:
-        billed = spend_of(exc)
-        if billed is not None:
-            await spend.add(billed, role)
-        raise LlmStageFailed(stage, exc) from exc
-    except asyncio.CancelledError as cancelled:  # the worker stops, or lost the job's lease
-        billed = spend_of(cancelled)
-        if billed is not None:  # still logged: shielded, it finishes even if cancelled again
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(spend.add(billed, role))
+    except (ToolmeshError, asyncio.CancelledError) as exc:  # cancelled: the worker stops
+        await charge_billed(exc, lambda billed: spend.add(billed, role))  # or lost the lease
+        if isinstance(exc, ToolmeshError):
+            raise LlmStageFailed(stage, exc) from exc
         raise
     await spend.add(reply.spend, role)
     if reply.refused:

@@ -40,7 +40,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -140,6 +140,29 @@ def spend_of(error: BaseException) -> LLMSpend | None:
     reported), or None when nothing was."""
     spend = getattr(error, _SPEND, None)
     return spend if isinstance(spend, LLMSpend) else None
+
+
+async def charge_billed(
+    error: BaseException, charge: Callable[[LLMSpend], Awaitable[None]]
+) -> None:
+    """Run `charge` on what the LLM call that ended in `error` (a failure, or a cancellation)
+    was billed for, if anything. Shielded: cancelled meanwhile, the charge still completes in
+    the background and the cancellation goes on. A failure of the charge itself is raised."""
+    spend = spend_of(error)
+    if spend is None:
+        return
+    task = asyncio.ensure_future(charge(spend))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_retrieved)
+        raise
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Retrieve a background charge's outcome (a failure of it is logged where it happens)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(frozen=True)
@@ -246,7 +269,7 @@ class LLMClient:
         ) as span:
             attempts = 0
             failed = Usage()  # what broken attempts were billed for
-            attempt = _Attempt()  # the current attempt (an empty one while waiting to retry)
+            attempt = _Attempt()  # the current one; a new one after each failure (and its wait)
             try:
                 while True:
                     attempts += 1
@@ -259,7 +282,6 @@ class LLMClient:
                             metadata={"attempts": str(attempts - 1)},
                         )
                     timeout = min(self.timeout_s, remaining)
-                    attempt = _Attempt()
                     try:
                         message = await self._streamed(kwargs, timeout, remaining, attempt, on_text)
                         # Billed even if the message turns out unusable below.
@@ -310,33 +332,14 @@ class LLMClient:
                         )
                         await asyncio.sleep(wait)
             except ToolmeshError as error:
-                span.set_attribute(LLM_ATTEMPTS, attempts)
-                span.set_attribute(semconv.ERROR_TYPE, error.reason)
                 span.set_status(Status(StatusCode.ERROR, error.message))
-                spend = _billed(span, cfg, failed)
-                if spend is not None:
-                    setattr(error, _SPEND, spend)
-                metrics.record_llm_call(
-                    cfg,
-                    time.perf_counter() - started,
-                    spend.usage if spend else None,
-                    error_type=error.reason,
-                )
+                _failed(span, cfg, attempts, failed, started, error.reason, error)
                 raise
             except asyncio.CancelledError as cancelled:
                 # The tool call was cancelled: the SDK's request is abandoned with it (its
-                # connection closed). What its attempts were billed for goes on the span, the
-                # metrics and the cancellation (spend_of).
-                span.set_attribute(LLM_ATTEMPTS, attempts)
-                span.set_attribute(semconv.ERROR_TYPE, "cancelled")
-                spend = _billed(span, cfg, failed + attempt.usage)
-                if spend is not None:
-                    setattr(cancelled, _SPEND, spend)
-                metrics.record_llm_call(
-                    cfg,
-                    time.perf_counter() - started,
-                    spend.usage if spend else None,
-                    error_type="cancelled",
+                # connection closed).
+                _failed(
+                    span, cfg, attempts, failed + attempt.usage, started, "cancelled", cancelled
                 )
                 raise
             span.set_attribute(LLM_ATTEMPTS, attempts)
@@ -420,14 +423,31 @@ class _Attempt:
     usage: Usage = Usage()
 
 
-def _billed(span: trace.Span, cfg: ModelConfig, usage: Usage) -> LLMSpend | None:
-    """The spend of a call that failed after `usage` was billed, put on its span (None and
-    nothing on the span when nothing was billed)."""
-    if usage == Usage():
-        return None
-    spend = LLMSpend(cfg.provider, cfg.model, usage, cost_usd(usage, cfg))
-    span.set_attributes(_usage_attributes(usage, spend.cost_usd))
-    return spend
+def _failed(
+    span: trace.Span,
+    cfg: ModelConfig,
+    attempts: int,
+    usage: Usage,
+    started: float,
+    error_type: str,
+    exc: BaseException,
+) -> None:
+    """A call that ends without a reply: its attempts and error type on its span, and what it
+    was billed for (`usage`, by attempts that broke after the provider began answering) on the
+    span, in the metrics and on `exc` (spend_of)."""
+    span.set_attribute(LLM_ATTEMPTS, attempts)
+    span.set_attribute(semconv.ERROR_TYPE, error_type)
+    spend = None
+    if usage != Usage():
+        spend = LLMSpend(cfg.provider, cfg.model, usage, cost_usd(usage, cfg))
+        span.set_attributes(_usage_attributes(usage, spend.cost_usd))
+        setattr(exc, _SPEND, spend)
+    metrics.record_llm_call(
+        cfg,
+        time.perf_counter() - started,
+        spend.usage if spend is not None else None,
+        error_type=error_type,
+    )
 
 
 def _usage_attributes(usage: Usage, cost: float) -> dict[str, Any]:

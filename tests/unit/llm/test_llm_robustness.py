@@ -6,6 +6,7 @@ slow answers, deadlines and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -591,6 +592,35 @@ async def test_a_call_cancelled_while_it_waits_to_retry_counts_each_attempt_once
     spend = llm_client.spend_of(cancelled.value)
     assert spend is not None and spend.usage == Usage(500, 0)
     assert len(fake.requests) == 1
+
+
+async def test_a_call_cancelled_while_its_failed_llm_call_is_charged_stays_cancelled(
+    fake: FakeAnthropic, context_of: ContextOf
+) -> None:
+    """The LLM call failed after being billed; while its usage row is being written the tool
+    call is cancelled: the cancellation goes on (it is not swallowed into the LLM's error) and
+    the row is still written."""
+    usage = MemoryUsage()
+    writing, release, written = threading.Event(), threading.Event(), threading.Event()
+    record = usage.record
+
+    def slow_record(entry: UsageEntry) -> None:
+        writing.set()
+        release.wait(10)
+        record(entry)
+        written.set()
+
+    usage.record = slow_record  # type: ignore[method-assign]
+    fake.script(*[Reply(text="d" * 80, input_tokens=300, stream_error="api_error")] * 3)
+    task = asyncio.ensure_future(context_of(usage).llm(ASK))
+    assert await asyncio.to_thread(writing.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    assert await asyncio.to_thread(written.wait, 10)
+    (entry,) = usage.entries
+    assert entry.input_tokens == 900
 
 
 async def test_call_llm_says_when_the_model_refused_or_was_cut_short(
