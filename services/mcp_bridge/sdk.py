@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from services.mcp_bridge.annotations import clean_listing
@@ -121,47 +122,40 @@ class HttpState:
 
 _SESSION_WORDS = re.compile(r"session", re.IGNORECASE)
 _MAX_ERROR_BODY = 64 * 1024  # error bodies read for their text, at most
-
-
-_HTTP_REASONS = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    406: "Not Acceptable",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    415: "Unsupported Media Type",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    502: "Bad Gateway",
-    503: "Service Unavailable",
-    504: "Gateway Timeout",
-}
 _FAILURE_HINTS = {
     401: "check the credentials in the connection's headers (Reconnect with new ones)",
     403: "the credentials in the connection's headers are not allowed this",
 }
 
 
-async def describe_failure(response: Any) -> str:
-    """One line for an HTTP error response: its status, a hint for 401/403, and the start of
-    a short text or JSON body (control characters removed)."""
-    status = int(response.status_code)
-    line = f"HTTP {status} {_HTTP_REASONS.get(status, '')}".rstrip()
+async def _short_body(response: Any, kinds: tuple[str, ...]) -> str | None:
+    """The body of an error answer as text when its content type is one of `kinds` and it
+    declares at most _MAX_ERROR_BODY bytes; None otherwise, or when it cannot be read (httpx
+    keeps what was read, so the SDK can read it again)."""
     kind = response.headers.get("content-type", "").lower()
     length = response.headers.get("content-length", "")
-    if (
-        kind.startswith(("application/json", "text/plain", "text/html"))
-        and length.isdigit()
-        and 0 < int(length) <= _MAX_ERROR_BODY
-    ):
-        with contextlib.suppress(Exception):  # the body is a courtesy: never the failure
-            text = (await response.aread()).decode("utf-8", "replace")
-            text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-            if text:
-                line += f": {text[:200]}"
+    if not kind.startswith(kinds) or not length.isdigit() or not 0 < int(length) <= _MAX_ERROR_BODY:
+        return None
+    try:
+        body: bytes = await response.aread()
+    except Exception:  # noqa: BLE001 - the body is a courtesy: never the failure
+        return None
+    return body.decode("utf-8", "replace")
+
+
+async def describe_failure(response: Any) -> str:
+    """One line for an HTTP error response: its status, the start of a short text or JSON body
+    (control characters removed), and a hint for 401/403."""
+    status = int(response.status_code)
+    try:
+        line = f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:  # a status the standard does not name
+        line = f"HTTP {status}"
+    text = await _short_body(response, ("application/json", "text/plain", "text/html"))
+    if text:
+        text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+        if text:
+            line += f": {text[:200]}"
     hint = _FAILURE_HINTS.get(status)
     return f"{line}; {hint}" if hint else line
 
@@ -188,15 +182,10 @@ async def forgot_session(response: Any) -> bool:
         return True
     if response.status_code != 400:
         return False
-    kind = response.headers.get("content-type", "").lower()
-    length = response.headers.get("content-length", "")
-    if not kind.startswith("application/json") or not length.isdigit():
-        return False
-    if int(length) > _MAX_ERROR_BODY:
-        return False
+    text = await _short_body(response, ("application/json",))
     try:
-        body = json.loads(await response.aread())
-    except (ValueError, UnicodeDecodeError, OSError):
+        body = json.loads(text) if text else None
+    except ValueError:
         return False
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
