@@ -2754,6 +2754,11 @@ _REFUSAL_ADVICE: dict[str, tuple[str, ...]] = {
 _SQL_NOT_CODE_RE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
+def _sql_identifier(name: str) -> str:
+    """`name` as a quoted SQL identifier (DuckDB: double quotes, doubled inside)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _quote_words(sql: str, names: Sequence[str]) -> str:
     """`sql` with every bare occurrence of `names` (case-insensitive words outside strings,
     quoted identifiers and comments) written as a quoted identifier."""
@@ -2763,8 +2768,7 @@ def _quote_words(sql: str, names: Sequence[str]) -> str:
     exact = {n.lower(): n for n in names}
 
     def quoted(match: re.Match[str]) -> str:
-        name = exact[match.group(1).lower()]
-        return '"' + name.replace('"', '""') + '"'
+        return _sql_identifier(exact[match.group(1).lower()])
 
     parts, last = [], 0
     for other in _SQL_NOT_CODE_RE.finditer(sql):
@@ -3246,8 +3250,7 @@ def _empty_result_warnings(
             ):
                 continue
             name = found.name
-            quoted_table = '"' + table.replace('"', '""') + '"'
-            quoted = '"' + name.replace('"', '""') + '"'
+            quoted_table, quoted = _sql_identifier(table), _sql_identifier(name)
             try:
                 held = con.execute(
                     f"SELECT 1 FROM {quoted_table} WHERE {quoted} = ? LIMIT 1", [text]
