@@ -1870,6 +1870,7 @@ def _read_csv(
         df = _huge_integers_as_text(df, warnings)
         df = _nullable_booleans(df)
         df = _parse_iso_dates(df, warnings)
+        df = _parse_written_dates(df, warnings)
         df = _written_numbers(df, delimiter, warnings)
         df = _numbers_with_markers(df, warnings)
         df = _gsod_missing(df, warnings)
@@ -1915,8 +1916,13 @@ def _header_as_written(df: pd.DataFrame, read_header: Callable[[], pd.DataFrame]
 # semicolons between the fields), or an integer among such numbers.
 _DECIMAL_COMMA_RE = r"^[+-]?\d*,\d+$"
 _INTEGER_RE = r"^[+-]?\d+$"
+# Such a number with dots between its thousands ("1.234,50", "12.000"): how the same
+# spreadsheets save large numbers.
+_DOT_GROUPED_RE = r"^[+-]?\d{1,3}(?:\.\d{3})+(?:,\d+)?$"
 # A number with commas between its thousands ("1,234.50": quoted, in a comma-separated file).
 _THOUSANDS_RE = r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$"
+# Any number of a column written with decimal commas.
+_DECIMAL_COMMA_NUMBER_RE = f"{_DECIMAL_COMMA_RE}|{_DOT_GROUPED_RE}|{_INTEGER_RE}"
 # Written for a missing number in published data (UCI's "?", a dash, SAS's ".", Eurostat's
 # ":"), beyond the markers pandas already reads as missing (empty, NA, N/A, null, NaN, …).
 MISSING_MARKERS = frozenset({"?", "-", "--", ".", ":", "missing"})
@@ -1974,7 +1980,7 @@ def _missing_markers(
         cleared = col.where(~col.str.strip().isin(MISSING_MARKERS))
         if rest.str.fullmatch(_NUMBER_RE.pattern).all():
             return pd.to_numeric(cleared).to_numpy()
-        if decimal_comma and rest.str.fullmatch(f"{_DECIMAL_COMMA_RE}|{_INTEGER_RE}").all():
+        if decimal_comma and rest.str.fullmatch(_DECIMAL_COMMA_NUMBER_RE).all():
             return cleared.to_numpy()
         return None
 
@@ -1986,16 +1992,23 @@ def _missing_markers(
 def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     """Text columns of numbers written with a decimal comma as floats, with a warning. Only for
     files not separated by commas (in a comma-separated file a comma inside a number would have
-    to be quoted, and "1,500" there is a thousand). A column whose every comma is followed by
-    exactly three digits is left as text: "1,500" may be a thousand there too."""
+    to be quoted, and "1,500" there is a thousand). Dots between thousands ("1.234,50") are
+    dropped — but only in a column where some number has a decimal comma: alone, "1.234" may
+    as well be a number with a decimal point. A column whose every comma is followed by
+    exactly three digits, and that has no dots between thousands, is left as text: "1,500" may
+    be a thousand there too."""
 
     def rule(col: pd.Series, text: pd.Series) -> Any:
-        commas = text.str.fullmatch(_DECIMAL_COMMA_RE)
-        if not commas.any() or not (commas | text.str.fullmatch(_INTEGER_RE)).all():
+        if not text.str.fullmatch(_DECIMAL_COMMA_NUMBER_RE).all():
             return None
-        if text[commas].str.fullmatch(r"^[+-]?\d*,\d{3}$").all():
+        commas = text.str.contains(",", regex=False)
+        grouped = text.str.fullmatch(_DOT_GROUPED_RE)
+        if not commas.any():
             return None
-        return _numbers_without(col, ",", ".").to_numpy()
+        if not grouped.any() and text[commas].str.fullmatch(r"^[+-]?\d*,\d{3}$").all():
+            return None
+        numbers = col.str.strip().str.replace(".", "", regex=False)
+        return pd.to_numeric(numbers.str.replace(",", ".", regex=False)).to_numpy()
 
     message = "numbers written with a decimal comma were read as numbers in: "
     return _convert_text_columns(df, rule, warnings, Warning("decimal_comma", message))
@@ -2469,6 +2482,148 @@ def _parse_iso_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     return _convert_object_columns(
         df, is_text, offsets_to_utc, warnings, Warning("mixed_offsets", message)
     )
+
+
+# A date as written outside ISO 8601: day and month in either order, then a four-digit year,
+# separated by dots, slashes or dashes ("31.12.2023", "11/8/2016", "08-11-2016"), or the year
+# first with slashes ("2024/01/31"); then optionally a time of day, on a 24-hour clock or with
+# AM/PM ("14:30", "2:30:05 PM", "14:30:05.250").
+_WRITTEN_DATE_RE = (
+    r"^(?:(?P<first>\d{1,2})(?P<sep>[./-])(?P<second>\d{1,2})(?P=sep)(?P<year>\d{4})"
+    r"|(?P<y>\d{4})/(?P<m>\d{1,2})/(?P<d>\d{1,2}))"
+    r"(?:[ T](?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<sec>\d{2})(?:\.(?P<fraction>\d{1,9}))?)?"
+    r"(?:\s*(?P<ampm>[AaPp]\.?[Mm]\.?))?)?$"
+)
+
+
+@dataclass(frozen=True)
+class _WrittenDates:
+    """A column of written dates, read: the values (None: day and month cannot be told apart)
+    and the order they were written in ("day.month.year")."""
+
+    values: pd.Series | None
+    order: str
+    formats: tuple[str, ...]  # the strptime formats that read them in SQL (two when unclear)
+
+
+def _written_dates(values: pd.Series) -> _WrittenDates | None:
+    """`values` (non-missing text) as dates when every one is a written date of one form, the
+    order of day and month told by the values: a first number above 12 is a day, a second one
+    above 12 a day; dates with dots are day-first when no value tells (as everywhere they are
+    written so). None when they are not all valid dates of one form."""
+    parts = values.str.strip().str.extract(_WRITTEN_DATE_RE)
+    year_first = parts["y"].notna()
+    if not (year_first | parts["year"].notna()).all() or year_first.any() != year_first.all():
+        return None
+    timed = parts["hour"].notna()
+    twelve_hour = parts["ampm"].notna()
+    if twelve_hour.any() and not twelve_hour[timed].all():
+        return None  # "2:30 PM" beside "14:30": no one clock
+    clock = ""
+    if timed.any():
+        clock = " %I:%M" if twelve_hour.any() else " %H:%M"
+        clock += ":%S" if parts["sec"].notna().any() else ""
+        clock += " %p" if twelve_hour.any() else ""
+    if year_first.all():
+        year, month, day = parts["y"], parts["m"], parts["d"]
+        order, form = "year/month/day", "%Y/%m/%d"
+    else:
+        separators = parts["sep"].unique()
+        if len(separators) != 1:
+            return None
+        sep = str(separators[0])
+        first, second = parts["first"].astype(int), parts["second"].astype(int)
+        first_is_day, second_is_day = bool((first > 12).any()), bool((second > 12).any())
+        if first_is_day and second_is_day:
+            return None
+        if first_is_day or (not second_is_day and sep == "."):
+            day, month = parts["first"], parts["second"]
+            order, form = f"day{sep}month{sep}year", f"%d{sep}%m{sep}%Y"
+        elif second_is_day:
+            day, month = parts["second"], parts["first"]
+            order, form = f"month{sep}day{sep}year", f"%m{sep}%d{sep}%Y"
+        else:
+            forms = (f"%d{sep}%m{sep}%Y{clock}", f"%m{sep}%d{sep}%Y{clock}")
+            return _WrittenDates(None, f"day{sep}month or month{sep}day", forms)
+        year = parts["year"]
+    hour = parts["hour"].fillna("0").astype(int)
+    minute = parts["minute"].fillna("0").astype(int)
+    sec = parts["sec"].fillna("0").astype(int)
+    if twelve_hour.any():
+        if not hour[timed].between(1, 12).all():
+            return None
+        pm = parts["ampm"].fillna("").str.upper().str.startswith("P")
+        hour = hour % 12 + pm.astype(int) * 12
+    if (hour > 23).any() or (minute > 59).any() or (sec > 59).any():
+        return None
+    nanoseconds = parts["fraction"].fillna("").str.ljust(9, "0").replace("", "0").astype(int)
+    components = pd.DataFrame(
+        {
+            "year": year.astype(int),
+            "month": month.astype(int),
+            "day": day.astype(int),
+            "hour": hour,
+            "minute": minute,
+            "second": sec,
+            "ns": nanoseconds,
+        }
+    )
+    try:
+        read = pd.to_datetime(components, errors="raise")
+    except (ValueError, OverflowError) as exc:  # 31.02.2024, year 0
+        logger.debug("values look like dates but do not parse: %s", exc)
+        return None
+    read.index = values.index
+    return _WrittenDates(read, order + (" with times" if timed.any() else ""), (form + clock,))
+
+
+def _parse_written_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
+    """Text columns of dates written day-first or month-first (see _written_dates) as
+    datetime64, with a warning naming each column's order; a column whose order no value
+    tells stays text, with a warning giving the SQL that reads it either way."""
+    read: dict[str, str] = {}
+    unclear: dict[str, str] = {}
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, str) for v in values):
+            continue
+        dates = _written_dates(values)
+        if dates is None:
+            continue
+        name = str(df.columns[position])
+        if dates.values is None:
+            day_first, month_first = (
+                f"strptime({_sql_identifier(name)}, '{form}')" for form in dates.formats
+            )
+            unclear[name] = f"{day_first} (day first) or {month_first} (month first)"
+            continue
+        column = pd.Series(pd.NaT, index=col.index, dtype=dates.values.dtype)
+        column.loc[values.index] = dates.values
+        df.isetitem(position, column.to_numpy())
+        read[name] = dates.order
+    if read:
+        listed = ", ".join(f"{name} ({order})" for name, order in read.items())
+        warnings.append(
+            Warning(
+                kind="written_dates",
+                message=f"dates written as text were read as dates in: {listed}",
+                details={"columns": read},
+            )
+        )
+    if unclear:
+        listed = "; ".join(f"{name}: {sql}" for name, sql in unclear.items())
+        warnings.append(
+            Warning(
+                kind="ambiguous_dates",
+                message="dates whose day and month no value tells apart (none above 12) were "
+                f"kept as text; read them in SQL with {listed}",
+                details={"columns": unclear},
+            )
+        )
+    return df
 
 
 def _read_parquet(

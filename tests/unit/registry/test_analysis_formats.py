@@ -368,3 +368,132 @@ def test_times_with_one_offset_keep_it_and_a_mix_of_zoned_and_naive_stays_text(
         "2024-01-01T10:00:00+01:00",
         "2024-01-02T10:00:00",
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# Dates and numbers as spreadsheets outside ISO write them
+
+
+def test_month_first_dates_of_a_us_export_are_read_as_dates(ctx: ToolContext, files: Path) -> None:
+    """Dates such as Superstore's "11/8/2016" stayed text: no date arithmetic, and sorting them
+    put "11/22/2016" before "11/8/2016". A day above 12 in the second place tells the order."""
+    (files / "orders.csv").write_text(
+        "Order ID,Order Date,Ship Date,Sales\n"
+        "CA-1,11/8/2016,11/11/2016,261.96\n"
+        "CA-2,6/12/2016,6/16/2016,14.62\n"
+        "CA-3,11/22/2015,,957.58\n"
+        "CA-4,1/2/2017,1/5/2017 10:15,3.50\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "orders.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "written_dates"]
+    assert warning.details == {
+        "columns": {"Order Date": "month/day/year", "Ship Date": "month/day/year with times"}
+    }
+    stored = ctx.load_dataset("orders")
+    assert stored["Order Date"].tolist() == [
+        pd.Timestamp("2016-11-08"),
+        pd.Timestamp("2016-06-12"),
+        pd.Timestamp("2015-11-22"),
+        pd.Timestamp("2017-01-02"),
+    ]
+    assert stored["Ship Date"].iloc[3] == pd.Timestamp("2017-01-05 10:15")
+    assert stored["Ship Date"].isna().iloc[2]
+    sql = (
+        'SELECT "Order ID" AS id, date_diff(\'day\', "Order Date", "Ship Date") AS days '
+        'FROM orders ORDER BY "Order Date"'
+    )
+    rows = ok_of(query({"sql": sql}, ctx)).data
+    assert rows["id"].tolist() == ["CA-3", "CA-2", "CA-1", "CA-4"]
+    assert rows["days"].tolist()[1:] == [4, 3, 3]
+
+
+def test_a_german_export_reads_day_first_dates_and_grouped_decimal_comma_numbers(
+    ctx: ToolContext, files: Path
+) -> None:
+    """ "1.234,50" stayed text beside "12,00" (only ungrouped decimal commas were read), and
+    "31.12.2023" stayed text."""
+    (files / "buchungen.csv").write_bytes(
+        "Datum;Empfänger;Betrag;Saldo\n"
+        "31.12.2023;Müller;1.234,50;12.000\n"
+        "01.02.2024;Zoë GmbH;-12,00;10.765,5\n"
+        "05.02.2024 09:30;Bäckerei;;-\n"
+        "3.3.2024;Post;1.000.000;1,25\n".encode("cp1252")
+    )
+
+    ok = ok_of(load_dataset({"path": "buchungen.csv"}, ctx))
+
+    assert {"written_dates", "decimal_comma", "missing_markers"} <= set(kinds(ok))
+    stored = ctx.load_dataset("buchungen")
+    assert stored["Datum"].tolist() == [
+        pd.Timestamp("2023-12-31"),
+        pd.Timestamp("2024-02-01"),
+        pd.Timestamp("2024-02-05 09:30"),
+        pd.Timestamp("2024-03-03"),
+    ]
+    assert stored["Betrag"].tolist()[:2] == [1234.5, -12.0]
+    assert stored["Betrag"].isna().iloc[2] and stored["Betrag"].iloc[3] == 1_000_000.0
+    assert stored["Saldo"].tolist()[:2] == [12000.0, 10765.5]
+    assert stored["Saldo"].isna().iloc[2] and stored["Saldo"].iloc[3] == 1.25
+    total = ok_of(query({"sql": "SELECT sum(Betrag) AS s FROM buchungen"}, ctx)).data
+    assert total["s"].tolist() == [pytest.approx(1_001_222.5)]
+
+
+def test_dates_whose_order_no_value_tells_stay_text_with_sql_that_reads_them(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "visits.csv").write_text(
+        "visit,when,n\n1,01/02/2020,3\n2,03/04/2020,4\n3,,5\n", encoding="utf-8"
+    )
+
+    ok = ok_of(load_dataset({"path": "visits.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "ambiguous_dates"]
+    assert "written_dates" not in kinds(ok)
+    assert ctx.load_dataset("visits")["when"].tolist()[:2] == ["01/02/2020", "03/04/2020"]
+    advice = warning.details["columns"]["when"]
+    assert advice == (
+        "strptime(\"when\", '%d/%m/%Y') (day first) or strptime(\"when\", '%m/%d/%Y') (month first)"
+    )
+    day_first = advice.split(" (day first)")[0]
+    rows = ok_of(query({"sql": f"SELECT {day_first} AS d FROM visits WHERE n < 5"}, ctx)).data
+    assert rows["d"].tolist() == [datetime.datetime(2020, 2, 1), datetime.datetime(2020, 4, 3)]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["31/02/2024", "01/03/2024"],  # no 31st of February
+        ["13/14/2020", "01/01/2020"],  # neither place is a month
+        ["01.02.2024", "01/02/2024"],  # two separators
+        ["1/2/24", "3/4/24"],  # two-digit years: which century is a guess
+        ["1/2/2024 13:00 PM", "1/13/2024"],  # no 13 o'clock on a 12-hour clock
+        ["1/2/2024 2:00 PM", "1/13/2024 14:00"],  # two clocks
+        ["1.2.2024", "version"],
+    ],
+)
+def test_text_that_only_looks_like_dates_stays_text(
+    ctx: ToolContext, files: Path, values: list[str]
+) -> None:
+    (files / "odd.csv").write_text("v\n" + "\n".join(values) + "\n", encoding="utf-8")
+
+    ok = ok_of(load_dataset({"path": "odd.csv"}, ctx))
+
+    assert not {"written_dates", "ambiguous_dates"} & set(kinds(ok))
+    assert ctx.load_dataset("odd")["v"].tolist() == values
+
+
+def test_dot_grouped_numbers_without_a_decimal_comma_are_left_as_read(
+    ctx: ToolContext, files: Path
+) -> None:
+    """Alone, "1.234" may be a number with a decimal point: only a decimal comma somewhere in
+    the column says the dots are between thousands."""
+    (files / "dots.csv").write_text("a;b\n1.234;1.234\n5.678;2,5\n", encoding="utf-8")
+
+    ok_of(load_dataset({"path": "dots.csv"}, ctx))
+
+    stored = ctx.load_dataset("dots")
+    assert stored["a"].tolist() == [1.234, 5.678]
+    assert stored["b"].tolist() == [1234.0, 2.5]
