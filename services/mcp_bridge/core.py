@@ -60,6 +60,11 @@ TOOLS_CHANGED_DELAY_S = 0.1
 TOOLS_CHANGED_MIN_INTERVAL_S = 1.0
 # A re-listing that failed is tried again after twice the interval of the last try, up to this.
 RELIST_BACKOFF_MAX_S = 30.0
+# What the bridge does about a server that went away, by transport.
+_RECOVERING = {
+    "stdio": "it is being restarted",
+    "streamable_http": "the bridge is reconnecting to it",
+}
 
 
 @dataclass
@@ -783,8 +788,20 @@ class McpBridge:
             if (kind == "MCPError" and sdk.local_closed(exc)) or sdk.session_closed(client):
                 live.mark_broken()
                 raise Unavailable(
-                    f"MCP server {name!r} went away during the call to {tool!r}; it is being "
-                    "restarted",
+                    f"MCP server {name!r} went away during the call to {tool!r}; "
+                    + _RECOVERING[live.config.transport],
+                    reason="MCP_SERVER_UNAVAILABLE",
+                    metadata={"connection": name},
+                ) from None
+            if kind == "MCPError" and sdk.local_stream_lost(exc) and not live.forgot(session):
+                # Sent, and perhaps run: not sent again. The next call finds out whether the
+                # session outlived the stream (else it is re-opened, see _SessionLost).
+                live.mark_broken()
+                said = sdk.with_http_failure(str(exc), live.http_failure_since(sent_at))
+                raise Unavailable(
+                    f"MCP server {name!r} stopped answering during the call to {tool!r} (its "
+                    f"response stream ended: {said}); the tool may or may not have run — check "
+                    f"before calling it again; {_RECOVERING[live.config.transport]}",
                     reason="MCP_SERVER_UNAVAILABLE",
                     metadata={"connection": name},
                 ) from None

@@ -799,12 +799,36 @@ _LOCAL_CLOSED_MESSAGE = "Connection closed"
 _LOCAL_TIMEOUT_MESSAGE = "Request 'tools/call' timed out"
 
 
+# What the SDK's streamable HTTP client answers for itself a request whose response stream
+# broke off (the server went away mid-call, or a proxy cut the connection): the request was
+# sent and may have run.
+_LOCAL_STREAM_LOST_MESSAGES = (
+    "SSE stream ended without a response",
+    "SSE stream ended and reconnection attempts were exhausted",
+)
+_LOCAL_STREAM_FAILED_PREFIX = "SSE stream failed: "
+
+
 def local_closed(exc: BaseException) -> bool:
     """Whether `exc` is the SDK's own "connection closed" (its transport ended), not an error
     response of the server that happens to use code -32000."""
     return (
         getattr(exc, "code", None) == CONNECTION_CLOSED
         and getattr(exc, "message", None) == _LOCAL_CLOSED_MESSAGE
+    )
+
+
+def local_stream_lost(exc: BaseException) -> bool:
+    """Whether `exc` is the SDK's own answer to a request whose HTTP response stream ended
+    before the response (see _LOCAL_STREAM_LOST_MESSAGES), not a server's error response."""
+    message = getattr(exc, "message", None)
+    return (
+        getattr(exc, "code", None) == CONNECTION_CLOSED
+        and isinstance(message, str)
+        and (
+            message in _LOCAL_STREAM_LOST_MESSAGES
+            or message.startswith(_LOCAL_STREAM_FAILED_PREFIX)
+        )
     )
 
 

@@ -7,8 +7,10 @@ python -m tests.mcp_servers.session_http_server [--forget-status 404|400] [--tok
 
 Tools: `echo` answers "<text> #<n>" (n counts the calls this server process ran, so a test sees
 whether a call ran once), `forget` forgets every session once it has answered, and `revoke`
-makes every later request fail authentication. With --token, a request without
-`Authorization: Bearer T` is answered 401 with an OAuth-style JSON body (as after `revoke`).
+makes every later request fail authentication; `hang_up` counts as a call, then ends its
+SSE response stream without an answer (a server that died mid-call, a proxy that cut it).
+With --token, a request without `Authorization: Bearer T` is answered 401 with an OAuth-style
+JSON body (as after `revoke`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ TOOLS = [
     {
         "name": "revoke",
         "description": "Refuse every later request's credentials.",
+        "inputSchema": {"type": "object", "properties": {}},
+    },
+    {
+        "name": "hang_up",
+        "description": "Count a call, then end the response stream unanswered.",
         "inputSchema": {"type": "object", "properties": {}},
     },
 ]
@@ -166,6 +173,17 @@ def handler_for(state: State) -> type[BaseHTTPRequestHandler]:
                 state.revoked, text = True, "revoked"
             elif name == "forget":
                 text = "forgotten"
+            elif name == "hang_up":
+                with state.lock:
+                    state.calls += 1
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("connection", "close")
+                self.end_headers()
+                self.wfile.write(b": working\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+                return
             else:
                 self._answer(message, error={"code": -32602, "message": f"unknown tool {name}"})
                 return

@@ -20,7 +20,7 @@ import pytest
 from services.mcp_bridge import connection
 from services.mcp_bridge.model import ServerConfig
 from shared.contract import Err, Ok
-from shared.errors import FailedPrecondition
+from shared.errors import FailedPrecondition, Unavailable
 from tests.unit.mcp_bridge.conftest import BridgeFactory
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -191,3 +191,25 @@ async def test_a_404_to_the_optional_get_stream_does_not_make_the_session_look_l
             await asyncio.sleep(0.3)  # the supervisor watches every 0.2 s
         [info] = bridge.list_connections()
         assert (info.state, info.restarts) == ("connected", 0)
+
+
+async def test_a_response_stream_that_ends_unanswered_is_unavailable_and_not_sent_again(
+    make_bridge: BridgeFactory,
+) -> None:
+    """The server died mid-call (or a proxy cut the stream): the SDK answers the request itself
+    ("SSE stream ended without a response"), which read as the server rejecting the call. It
+    ran, or may have: UNAVAILABLE saying so, not sent again; the bridge reconnects."""
+    port = free_port()
+    bridge = make_bridge()
+    with session_server(port):
+        await bridge.connect(http_config(port))
+        with pytest.raises(Unavailable) as lost:
+            await bridge.call_tool("sess", "hang_up", {})
+        message = lost.value.message
+        assert "stopped answering during the call to 'hang_up'" in message
+        assert "may or may not have run" in message and "reconnecting" in message
+        assert "rejected" not in message
+        # Not sent again (hang_up was call #1), and the next call is served.
+        assert (await bridge.call_tool("sess", "echo", {"text": "a"})).envelope == Ok(data="a #2")
+        [info] = bridge.list_connections()
+        assert info.state == "connected"
