@@ -3204,7 +3204,110 @@ _MISSING_COLUMN_RES = (
 )
 
 
-def _catalog_hint(exc: BaseException, infos: Sequence[DatasetInfo]) -> HintException:
+_MISSING_FUNCTION_RE = re.compile(
+    r"(?:Scalar|Aggregate|Table) Function with name (?P<name>[\w$]+) does not exist"
+)
+# Functions of other SQL dialects (SQLite, MySQL, PostgreSQL, SQL Server, Oracle) that models
+# write out of habit, which DuckDB lacks: what DuckDB has instead, and the DuckDB function
+# to call in its place when that is the same call with another name.
+_FOREIGN_FUNCTIONS: dict[str, tuple[str, str | None]] = {
+    "iif": ("if(condition, then, else), or CASE WHEN … THEN … ELSE … END", "if"),
+    "julianday": ("julian(x), or date_diff('day', start, end) for the days between", "julian"),
+    "datetime": (
+        "CAST(x AS TIMESTAMP); now() for the current time; x + INTERVAL 1 DAY to shift",
+        None,
+    ),
+    "total": ("coalesce(sum(x), 0)", None),
+    "datalength": ("strlen(text) (bytes), length(text) (characters)", "strlen"),
+    "getdate": ("now()", "now"),
+    "sysdate": ("now()", "now"),
+    "curdate": ("today() or current_date", "today"),
+    "date_format": ("strftime(x, format), e.g. strftime(x, '%Y-%m')", None),
+    "str_to_date": ("strptime(text, format), e.g. strptime(x, '%d/%m/%Y')", None),
+    "to_char": ("strftime(x, format) for dates and times, e.g. strftime(x, '%Y-%m')", None),
+    "to_date": ("strptime(text, format)::DATE, or CAST(text AS DATE) for ISO dates", None),
+    "nvl": ("coalesce(x, y)", "coalesce"),
+    "nvl2": ("CASE WHEN x IS NOT NULL THEN a ELSE b END", None),
+    "isnull": ("coalesce(x, y), or x IS NULL", None),
+    "charindex": ("instr(text, part) (the text first)", None),
+    "locate": ("instr(text, part) (the text first)", None),
+    "dateadd": ("x + INTERVAL 3 DAY, or date_add(x, INTERVAL 3 DAY)", None),
+    "timestampdiff": ("date_diff('day', start, end) (or 'month', 'hour', …)", None),
+    "months_between": ("date_diff('month', start, end)", None),
+    "unix_timestamp": ("epoch(x)", "epoch"),
+    "from_unixtime": ("to_timestamp(seconds)", "to_timestamp"),
+    "regexp_like": ("regexp_matches(text, pattern)", "regexp_matches"),
+    "char": ("chr(code)", "chr"),
+    "substring_index": ("split_part(text, separator, n)", None),
+    "mid": ("substr(text, start, length)", "substr"),
+    "truncate": ("trunc(x), or round(x, digits)", None),
+    "space": ("repeat(' ', n)", None),
+    "replicate": ("repeat(text, n)", "repeat"),
+    "rand": ("random()", "random"),
+    "newid": ("uuid()", "uuid"),
+    "eomonth": ("last_day(x)", "last_day"),
+    "patindex": ("regexp_matches(text, pattern), or instr(text, part)", None),
+}
+
+
+def _renamed_calls(sql: str, old: str, new: str) -> str:
+    """`sql` with every call of function `old` (a word, case-insensitive, followed by an
+    opening parenthesis, outside strings, quoted identifiers and comments) calling `new`."""
+    parts, last = [], 0
+    for token in _SQL_TOKEN_RE.finditer(sql):
+        if token.group(0).lower() == old and sql[token.end() :].lstrip().startswith("("):
+            parts.append(sql[last : token.start()] + new)
+            last = token.end()
+    parts.append(sql[last:])
+    return "".join(parts)
+
+
+def _binds(con: duckdb.DuckDBPyConnection, sql: str) -> bool:
+    """Whether `sql` parses and binds over the registered datasets (planned, not run)."""
+    try:
+        con.execute("EXPLAIN " + sql)
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _foreign_function_hint(
+    exc: BaseException, con: duckdb.DuckDBPyConnection, sql: str
+) -> HintException | None:
+    """For a call of a function DuckDB lacks but another SQL dialect has: what to write in
+    DuckDB, and the SQL with the DuckDB function when it is a renaming that binds."""
+    match = _MISSING_FUNCTION_RE.search(str(exc))
+    if match is None or len(sql) > MAX_ADVISED_SQL_CHARS:
+        return None
+    name = match.group("name").lower()
+    if name not in _FOREIGN_FUNCTIONS:
+        return None
+    instead, renamed = _FOREIGN_FUNCTIONS[name]
+    message = (
+        f"{_first_lines(exc).splitlines()[0]}\n{name}() is another SQL dialect's; query runs "
+        f"DuckDB SQL, where it is: {instead}"
+    )
+    alternatives = []
+    if renamed is not None:
+        rewritten = _renamed_calls(sql, name, renamed)
+        if rewritten != sql and _binds(con, rewritten):
+            message += " (as in the alternative)"
+            alternatives.append(
+                {"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}
+            )
+    return HintException("schema", message, alternatives)
+
+
+def _catalog_hint(
+    exc: BaseException,
+    infos: Sequence[DatasetInfo],
+    con: duckdb.DuckDBPyConnection | None = None,
+    sql: str = "",
+) -> HintException:
+    if con is not None:
+        foreign = _foreign_function_hint(exc, con, sql)
+        if foreign is not None:
+            return foreign
     match = _MISSING_TABLE_RE.search(str(exc))
     if match is None:
         return HintException("schema", _first_lines(exc))
@@ -3223,15 +3326,99 @@ def _catalog_hint(exc: BaseException, infos: Sequence[DatasetInfo]) -> HintExcep
     )
 
 
-def _binder_hint(exc: BaseException, infos: Sequence[DatasetInfo]) -> HintException:
+# The tokens after which a value is being compared with (see _quoted_text_fix).
+_COMPARED_AFTER = frozenset({"=", "<", ">", "like", "ilike", "glob", "then", "else"})
+
+
+def _quoted_as_text(sql: str, name: str) -> str | None:
+    """`sql` with `"name"` written `'name'` where it is compared with (after `=`, `<>`, `<`,
+    `>`, LIKE, THEN or ELSE, or in an IN list); None when it is nowhere so. Elsewhere
+    (`SELECT "nmae"`) a double-quoted word that names no column is a misspelt column more
+    often than text."""
+    quoted = _sql_identifier(name)
+    literal = "'" + name.replace("'", "''") + "'"
+    parts, last, previous = [], 0, ""
+    in_list: list[bool] = []  # per open parenthesis: whether it opened an IN list
+    for token in _SQL_TOKEN_RE.finditer(sql):
+        text = token.group(0)
+        if text.startswith(("--", "/*")):
+            continue
+        compared = previous in _COMPARED_AFTER or (
+            previous in ("(", ",") and bool(in_list) and in_list[-1]
+        )
+        if text == quoted and compared:
+            parts.append(sql[last : token.start()] + literal)
+            last = token.end()
+        if text == "(":
+            in_list.append(previous == "in")
+        elif text == ")" and in_list:
+            in_list.pop()
+        previous = text.lower()
+    return "".join(parts) + sql[last:] if parts else None
+
+
+def _quoted_text_fix(
+    con: duckdb.DuckDBPyConnection, sql: str, name: str
+) -> tuple[list[str], str] | None:
+    """SQLite and MySQL read a double-quoted word that names no column as text; in DuckDB it
+    is always a column. The words so written as values, and the SQL with them in single
+    quotes (see _quoted_as_text) — when it then binds; None otherwise. DuckDB reports one
+    missing column at a time: each is written so in turn, up to MAX_CHECKED_LITERALS."""
+    if len(sql) > MAX_ADVISED_SQL_CHARS:
+        return None
+    names: list[str] = []
+    for _ in range(MAX_CHECKED_LITERALS):
+        rewritten = _quoted_as_text(sql, name)
+        if rewritten is None:
+            return None
+        sql = rewritten
+        names.append(name)
+        try:
+            con.execute("EXPLAIN " + sql)
+        except duckdb.BinderException as exc:
+            missing = _MISSING_COLUMN_RES[0].search(str(exc))
+            if missing is None or missing.group("name") in names:
+                return None
+            name = missing.group("name")
+            continue
+        except duckdb.Error:
+            return None
+        return names, sql
+    return None
+
+
+def _binder_hint(
+    exc: BaseException,
+    infos: Sequence[DatasetInfo],
+    con: duckdb.DuckDBPyConnection | None = None,
+    sql: str = "",
+) -> HintException:
     text = str(exc)
     for pattern in _MISSING_COLUMN_RES:
         match = pattern.search(text)
         if match is not None:
+            name = match.group("name")
+            fix = _quoted_text_fix(con, sql, name) if con is not None else None
+            if fix is not None:
+                texts, rewritten = fix
+                literals = ", ".join("'" + text.replace("'", "''") + "'" for text in texts)
+                return HintException(
+                    "schema",
+                    f"no column {name!r}: {_first_lines(exc)}\nin SQL a word in double quotes "
+                    f"is a column name; a text value goes in single quotes: {literals}, as in "
+                    "the alternative",
+                    [
+                        {
+                            "label": clip(rewritten, MAX_MESSAGE_CHARS),
+                            "score": 1.0,
+                            "action": "retry",
+                        }
+                    ],
+                )
             return HintException(
                 "schema",
-                f"no column {match.group('name')!r}: {_first_lines(exc)}",
-                _column_alternatives(match.group("name"), infos),
+                f"no column {name!r}: {_first_lines(exc)}",
+                _column_alternatives(name, infos),
             )
     return HintException("schema", _first_lines(exc))
 
@@ -3596,9 +3783,9 @@ def query(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
                     "with load_dataset)"
                 ) from exc
             except duckdb.CatalogException as exc:
-                raise _catalog_hint(exc, infos) from exc
+                raise _catalog_hint(exc, infos, con, sql) from exc
             except duckdb.BinderException as exc:
-                raise _binder_hint(exc, infos) from exc
+                raise _binder_hint(exc, infos, con, sql) from exc
             except (
                 duckdb.ParserException,
                 duckdb.ConversionException,

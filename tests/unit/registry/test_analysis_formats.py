@@ -497,3 +497,105 @@ def test_dot_grouped_numbers_without_a_decimal_comma_are_left_as_read(
     stored = ctx.load_dataset("dots")
     assert stored["a"].tolist() == [1.234, 5.678]
     assert stored["b"].tolist() == [1234.0, 2.5]
+
+
+# --------------------------------------------------------------------------------------------
+# SQL written in another dialect
+
+
+@pytest.fixture
+def sales(ctx: ToolContext, files: Path) -> ToolContext:
+    (files / "sales.csv").write_text(
+        "id,region,day,amount\n1,north,2024-01-05,3.5\n2,south,2024-02-10,\n3,north,2024-03-01,2\n",
+        encoding="utf-8",
+    )
+    ok_of(load_dataset({"path": "sales.csv"}, ctx))
+    return ctx
+
+
+def hint_of(sql: str, ctx: ToolContext) -> HintException:
+    with pytest.raises(HintException) as raised:
+        query({"sql": sql}, ctx)
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("sql", "named", "fixed", "rows"),
+    [
+        (
+            "SELECT id, iif(amount > 3, 'big', 'small') AS size FROM sales ORDER BY id",
+            "iif",
+            "SELECT id, if(amount > 3, 'big', 'small') AS size FROM sales ORDER BY id",
+            [[1, "big"], [2, "small"], [3, "small"]],
+        ),
+        (
+            "SELECT id, JULIANDAY(day) - julianday(day) AS d FROM sales ORDER BY id -- iif(",
+            "julianday",
+            "SELECT id, julian(day) - julian(day) AS d FROM sales ORDER BY id -- iif(",
+            [[1, 0.0], [2, 0.0], [3, 0.0]],
+        ),
+        (
+            "SELECT id, nvl(amount, 0) AS a FROM sales WHERE region <> 'nvl(' ORDER BY id",
+            "nvl",
+            "SELECT id, coalesce(amount, 0) AS a FROM sales WHERE region <> 'nvl(' ORDER BY id",
+            [[1, 3.5], [2, 0.0], [3, 2.0]],
+        ),
+    ],
+)
+def test_a_function_of_another_dialect_gets_duckdbs_and_the_sql_renamed(
+    sales: ToolContext, sql: str, named: str, fixed: str, rows: list[list[object]]
+) -> None:
+    """Models write SQLite's iif/julianday or Oracle's nvl out of habit; DuckDB's own "did you
+    mean" offered isinf, julian-less guesses, or nothing."""
+    hint = hint_of(sql, sales)
+
+    assert f"{named}() is another SQL dialect's" in hint.message
+    assert [a.label for a in hint.alternatives] == [fixed]
+    again = ok_of(query({"sql": fixed}, sales)).data
+    assert again.values.tolist() == rows
+
+
+def test_a_foreign_function_without_a_renaming_gets_advice_only(sales: ToolContext) -> None:
+    hint = hint_of("SELECT total(amount) AS t FROM sales", sales)
+    assert "total() is another SQL dialect's" in hint.message
+    assert "coalesce(sum(x), 0)" in hint.message and hint.alternatives == []
+    # A renaming that would not bind (here: a wrong argument count) is not offered.
+    wrong = hint_of("SELECT newid(1) AS u FROM sales", sales)
+    assert "uuid()" in wrong.message and wrong.alternatives == []
+    # A function no dialect has: DuckDB's own message, no advice.
+    unknown = hint_of("SELECT frobnicate(amount) FROM sales", sales)
+    assert "another SQL dialect" not in unknown.message
+
+
+def test_text_in_double_quotes_gets_the_sql_with_single_quotes(sales: ToolContext) -> None:
+    """SQLite reads "north" as text when no column is called so; DuckDB only said there is
+    no column "north" and suggested columns."""
+    sql = 'SELECT count(*) AS n, region AS "region" FROM sales WHERE region = "north" GROUP BY 2'
+    hint = hint_of(sql, sales)
+
+    assert "a text value goes in single quotes: 'north'" in hint.message
+    [fixed] = [a.label for a in hint.alternatives]
+    assert fixed == (
+        "SELECT count(*) AS n, region AS \"region\" FROM sales WHERE region = 'north' GROUP BY 2"
+    )
+    assert ok_of(query({"sql": fixed}, sales)).data["n"].tolist() == [2]
+    # A column that is truly missing still gets the columns that exist.
+    missing = hint_of('SELECT "regoin" FROM sales', sales)
+    assert "single quotes" not in missing.message
+    assert any("region" in a.label for a in missing.alternatives)
+
+
+def test_text_in_double_quotes_in_an_in_list_and_a_case_is_fixed_too(sales: ToolContext) -> None:
+    sql = (
+        'SELECT id, CASE WHEN region IN ("north", "east") THEN "n" ELSE "s" END AS side '
+        "FROM sales ORDER BY id"
+    )
+    hint = hint_of(sql, sales)  # DuckDB reports one missing column at a time: all are fixed
+
+    assert "single quotes: 'north', 'east', 'n', 's'" in hint.message
+    [fixed] = [a.label for a in hint.alternatives]
+    assert fixed == (
+        "SELECT id, CASE WHEN region IN ('north', 'east') THEN 'n' ELSE 's' END AS side "
+        "FROM sales ORDER BY id"
+    )
+    assert ok_of(query({"sql": fixed}, sales)).data["side"].tolist() == ["n", "s", "n"]
