@@ -2961,6 +2961,56 @@ def _reserved_column_fix(
     return None
 
 
+# SQL Server's `SELECT TOP n …` and MySQL's `LIMIT offset, count`, which DuckDB does not parse.
+_SELECT_TOP_RE = re.compile(
+    r"^(?P<head>\s*SELECT\s+(?:DISTINCT\s+)?)TOP\s*(?:\(\s*(?P<p>\d+)\s*\)|(?P<n>\d+))\s+",
+    re.IGNORECASE,
+)
+_LIMIT_PAIR_RE = re.compile(r"\bLIMIT\s+(?P<offset>\d+)\s*,\s*(?P<count>\d+)", re.IGNORECASE)
+
+
+def _row_limit_fix(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[str, str] | None:
+    """For SQL that does not parse because it limits its rows as SQL Server (`SELECT TOP 10`)
+    or MySQL (`LIMIT 20, 10`) do: what DuckDB writes instead, and the SQL so written when it
+    then parses; None otherwise. Outside strings and comments only; `TOP` only as the
+    statement's own, made a LIMIT at its end."""
+    if len(sql) > MAX_ADVISED_SQL_CHARS:
+        return None
+    code = _SQL_NOT_CODE_RE.sub(lambda m: " " * len(m.group(0)), sql)
+    rewritten, said = sql, ""
+    pair = _LIMIT_PAIR_RE.search(code)
+    if pair is not None:
+        limit = f"LIMIT {pair.group('count')} OFFSET {pair.group('offset')}"
+        rewritten = sql[: pair.start()] + limit + sql[pair.end() :]
+        said = "LIMIT count OFFSET skipped, not LIMIT skipped, count"
+    else:
+        top = _SELECT_TOP_RE.match(code)
+        if top is None or re.search(r"\bLIMIT\b", code, re.IGNORECASE):
+            return None
+        body = (sql[: top.start("head")] + top.group("head") + sql[top.end() :]).rstrip()
+        ending = ";" if body.endswith(";") else ""
+        rewritten = f"{body.rstrip(';').rstrip()} LIMIT {top.group('p') or top.group('n')}{ending}"
+        said = "LIMIT n at the end of the statement, not SELECT TOP n"
+    try:
+        con.extract_statements(rewritten)
+    except duckdb.Error:
+        return None
+    return said, rewritten
+
+
+def _row_limit_hint(message: str, con: duckdb.DuckDBPyConnection, sql: str) -> HintException | None:
+    """DuckDB's `message` about `sql`, and the SQL with DuckDB's LIMIT (see _row_limit_fix)."""
+    limited = _row_limit_fix(con, sql)
+    if limited is None:
+        return None
+    said, rewritten = limited
+    return HintException(
+        "schema",
+        f"{message}\nquery runs DuckDB SQL: {said}, as in the alternative",
+        [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
+    )
+
+
 def _check_read_only(
     con: duckdb.DuckDBPyConnection, sql: str, infos: Sequence[DatasetInfo] = ()
 ) -> None:
@@ -2971,6 +3021,9 @@ def _check_read_only(
         statements = con.extract_statements(sql)
     except duckdb.ParserException as exc:
         message = f"SQL syntax error: {_first_lines(exc)}"
+        limited = _row_limit_hint(message, con, sql)
+        if limited is not None:
+            raise limited from exc
         fix = _reserved_column_fix(con, sql, infos)
         if fix is None:
             raise HintException("schema", message) from exc
@@ -3280,6 +3333,8 @@ def _foreign_function_hint(
     if match is None or len(sql) > MAX_ADVISED_SQL_CHARS:
         return None
     name = match.group("name").lower()
+    if name == "top":  # `SELECT TOP (5) x`: read as a call of top() aliased x
+        return _row_limit_hint(_first_lines(exc).splitlines()[0], con, sql)
     if name not in _FOREIGN_FUNCTIONS:
         return None
     instead, renamed = _FOREIGN_FUNCTIONS[name]

@@ -599,3 +599,37 @@ def test_text_in_double_quotes_in_an_in_list_and_a_case_is_fixed_too(sales: Tool
         "FROM sales ORDER BY id"
     )
     assert ok_of(query({"sql": fixed}, sales)).data["side"].tolist() == ["n", "s", "n"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "fixed", "ids"),
+    [
+        (
+            "SELECT TOP 2 id FROM sales ORDER BY amount DESC NULLS LAST;",
+            "SELECT id FROM sales ORDER BY amount DESC NULLS LAST LIMIT 2;",
+            [1, 3],
+        ),
+        (
+            "select distinct top (1) region from sales where region <> 'TOP 5' order by 1",
+            "select distinct region from sales where region <> 'TOP 5' order by 1 LIMIT 1",
+            None,
+        ),
+        (
+            "SELECT id FROM sales ORDER BY id LIMIT 1, 2 -- LIMIT 3, 4",
+            "SELECT id FROM sales ORDER BY id LIMIT 2 OFFSET 1 -- LIMIT 3, 4",
+            [2, 3],
+        ),
+    ],
+)
+def test_row_limits_of_sql_server_and_mysql_get_duckdbs_limit(
+    sales: ToolContext, sql: str, fixed: str, ids: list[int] | None
+) -> None:
+    hint = hint_of(sql, sales)
+
+    assert "query runs DuckDB SQL: LIMIT" in hint.message
+    assert [a.label for a in hint.alternatives] == [fixed]
+    data = ok_of(query({"sql": fixed}, sales)).data
+    if ids is not None:
+        assert data["id"].tolist() == ids
+    else:
+        assert data["region"].tolist() == ["north"]
