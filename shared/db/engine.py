@@ -196,9 +196,28 @@ def make_engine(url: str) -> Engine:
         if path is not None:
             _guard_sqlite_file(engine, path)
         return engine
+    # Parameters the URL sets itself (`?keepalives_idle=60`) win over these defaults.
+    given = set(make_url(url).query)
+    connect_args = {k: v for k, v in POSTGRES_CONNECT_DEFAULTS.items() if k not in given}
     return create_engine(
-        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"connect_timeout": 5}
+        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args
     )
+
+
+# libpq connection parameters of every PostgreSQL connection. A server whose host vanished
+# (powered off, partitioned: no RST comes back) left a connection waiting for its answer until
+# the kernel's defaults gave up — two hours of keepalive idle for a read, about fifteen minutes
+# of retransmissions for a write — holding a handler thread and a pool connection throughout.
+# With these a dead peer is found within about half a minute: keepalive probes after 10 s idle,
+# every 5 s, 3 unanswered, and sent data unacknowledged for 30 s (TCP_USER_TIMEOUT).
+POSTGRES_CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

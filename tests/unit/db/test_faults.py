@@ -323,3 +323,33 @@ def test_a_snapshot_read_ends_its_transaction_before_the_connection_goes_back(
             assert driver.info.transaction_status.name == "IDLE"
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_connections_find_a_vanished_server_within_seconds_not_hours(
+    pg_url: str,
+) -> None:
+    """With the kernel's defaults a connection to a server whose host vanished (no RST) waited
+    two hours (keepalive) or ~15 minutes (retransmissions) before failing, holding a handler
+    thread and a pool connection. Every connection now carries keepalives and a TCP user
+    timeout; the URL's own parameters win."""
+    engine = make_engine(pg_url)
+    tuned = make_engine(pg_url + "?keepalives_idle=60&tcp_user_timeout=0")
+    try:
+        with engine.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        assert {
+            k: params.get(k) for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")
+        } == {
+            "keepalives": "1",
+            "keepalives_idle": "10",
+            "tcp_user_timeout": "30000",
+        }
+        with tuned.connect() as conn:
+            params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+        assert params.get("keepalives_idle") == "60"
+        assert params.get("tcp_user_timeout", "0") == "0"
+        assert params.get("keepalives_count") == "3"
+    finally:
+        engine.dispose()
+        tuned.dispose()
