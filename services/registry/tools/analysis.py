@@ -1875,6 +1875,7 @@ def _read_csv(
         df = _numbers_with_markers(df, warnings)
         df = _gsod_missing(df, warnings)
         _sentinel_warning(df, warnings)
+        _total_row_warning(df, warnings)
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
         warnings.append(
@@ -1993,17 +1994,18 @@ def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
     """Text columns of numbers written with a decimal comma as floats, with a warning. Only for
     files not separated by commas (in a comma-separated file a comma inside a number would have
     to be quoted, and "1,500" there is a thousand). Dots between thousands ("1.234,50") are
-    dropped — but only in a column where some number has a decimal comma: alone, "1.234" may
-    as well be a number with a decimal point. A column whose every comma is followed by
-    exactly three digits, and that has no dots between thousands, is left as text: "1,500" may
-    be a thousand there too."""
+    dropped — but only in a column where some number has a decimal comma or two such dots
+    ("3.755.251"): alone, "1.234" may as well be a number with a decimal point. A column whose
+    every comma is followed by exactly three digits, and that has no dots between thousands, is
+    left as text: "1,500" may be a thousand there too."""
 
     def rule(col: pd.Series, text: pd.Series) -> Any:
         if not text.str.fullmatch(_DECIMAL_COMMA_NUMBER_RE).all():
             return None
         commas = text.str.contains(",", regex=False)
         grouped = text.str.fullmatch(_DOT_GROUPED_RE)
-        if not commas.any():
+        # Two dots in one number ("3.755.251") can only be between thousands.
+        if not commas.any() and not text.str.count(r"\.").gt(1).any():
             return None
         if not grouped.any() and text[commas].str.fullmatch(r"^[+-]?\d*,\d{3}$").all():
             return None
@@ -2436,6 +2438,70 @@ def _sentinel_warning(df: pd.DataFrame, warnings: list[Warning]) -> None:
                 details={"columns": found},
             )
         )
+
+
+# The label of a row of column totals, as spreadsheets and statistical tables write it.
+_TOTAL_LABEL_RE = re.compile(
+    r"(?:grand\s+)?totals?|sum|all|overall|gesamt|summe|insgesamt|total\s+general|totaal"
+    r"|totale|suma|итого|合计|総計|合計",
+    re.IGNORECASE,
+)
+# How close a total's cell must be to the sum of the cells above it (published totals are
+# often rounded from unrounded parts).
+TOTAL_ROW_TOLERANCE = 0.005
+
+
+def _total_row_warning(df: pd.DataFrame, warnings: list[Warning]) -> None:
+    """Warn of a last (or first) row labelled like a total ("Total", "Grand total", "Summe")
+    whose numbers are the sums of the other rows': it was kept, as in the file, but SUM() or
+    AVG() over the column would count it with the rows it totals."""
+    if df.shape[0] < 3:
+        return
+    numeric = [
+        position
+        for position in range(df.shape[1])
+        if pd.api.types.is_numeric_dtype(df.iloc[:, position].dtype)
+        and not pd.api.types.is_bool_dtype(df.iloc[:, position].dtype)
+    ]
+    if not numeric:
+        return
+    for row in (df.shape[0] - 1, 0):
+        label = None
+        for position in range(df.shape[1]):
+            cell = df.iat[row, position]
+            if isinstance(cell, str) and _TOTAL_LABEL_RE.fullmatch(cell.strip()):
+                label = (str(df.columns[position]), cell.strip())
+                break
+        if label is None:
+            continue
+        rest = df.drop(df.index[row])
+        totalled = []
+        for position in numeric:
+            number: Any = df.iat[row, position]
+            if pd.isna(number):
+                continue
+            parts = pd.to_numeric(rest.iloc[:, position], errors="coerce").dropna()
+            if parts.empty:
+                continue
+            expected = float(parts.sum())
+            if abs(float(number) - expected) > TOTAL_ROW_TOLERANCE * max(abs(expected), 1.0):
+                return  # a number that is not the column's total: a row like the others
+            totalled.append(str(df.columns[position]))
+        if not totalled:
+            continue
+        column, text = label
+        where = "last" if row == df.shape[0] - 1 else "first"
+        literal = "'" + text.replace("'", "''") + "'"
+        warnings.append(
+            Warning(
+                kind="total_row",
+                message=f"the {where} row ({column} = {text!r}) holds the totals of the other "
+                f"rows in {', '.join(totalled)}; it was kept as in the file — exclude it when "
+                f"aggregating: WHERE {_sql_identifier(column)} IS DISTINCT FROM {literal}",
+                details={"row": where, "column": column, "label": text, "columns": totalled},
+            )
+        )
+        return
 
 
 _ISO_DATETIME_RE = (

@@ -633,3 +633,71 @@ def test_row_limits_of_sql_server_and_mysql_get_duckdbs_limit(
         assert data["id"].tolist() == ids
     else:
         assert data["region"].tolist() == ["north"]
+
+
+# --------------------------------------------------------------------------------------------
+# Rows of totals
+
+
+def test_a_total_row_below_the_table_is_kept_with_the_sql_that_leaves_it_out(
+    ctx: ToolContext, files: Path
+) -> None:
+    """Published tables end with their totals; SUM() over the column counted every value
+    twice without a word."""
+    (files / "budget.csv").write_text(
+        "Department,Staff,Spend (k€)\n"
+        "Health,120,1530.25\n"
+        "Schools,340,2210.5\n"
+        "Roads,45,980.0\n"
+        "Total,505,4720.8\n",  # rounded, as published
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "budget.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "total_row"]
+    assert warning.details == {
+        "row": "last",
+        "column": "Department",
+        "label": "Total",
+        "columns": ["Staff", "Spend (k€)"],
+    }
+    assert ok.rows == 4  # kept, as in the file
+    where = warning.message.split("aggregating: ")[1]
+    assert where == "WHERE \"Department\" IS DISTINCT FROM 'Total'"
+    total = ok_of(query({"sql": f"SELECT sum(Staff) AS s FROM budget {where}"}, ctx)).data
+    assert total["s"].tolist() == [505]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # "Total" names a category whose numbers are not the others' sums.
+        "kind,n\nTotal,3\nPartial,5\nNone,2\n",
+        # The sums match but no cell says it is a total.
+        "kind,n\na,1\nb,2\nc,3\n",
+        # One column is the sum, another is not: not a row of totals.
+        "kind,n,m\na,1,1\nb,2,1\nTotal,3,9\n",
+    ],
+)
+def test_rows_that_are_not_totals_get_no_total_warning(
+    ctx: ToolContext, files: Path, text: str
+) -> None:
+    (files / "kinds.csv").write_text(text, encoding="utf-8")
+    assert "total_row" not in kinds(ok_of(load_dataset({"path": "kinds.csv"}, ctx)))
+
+
+def test_a_total_row_above_the_table_in_a_german_export_is_found(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "einw.csv").write_text(
+        "Bezirk;Einwohner\nInsgesamt;3.755.251\nMitte;397.134\nPankow;3.358.117\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "einw.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "total_row"]
+    assert warning.details["row"] == "first" and warning.details["label"] == "Insgesamt"
+    # Two dots in one number can only be between thousands: the column is numbers.
+    assert ctx.load_dataset("einw")["Einwohner"].tolist() == [3755251, 397134, 3358117]
