@@ -2018,11 +2018,97 @@ def _decimal_commas(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFrame:
 
 def _written_numbers(df: pd.DataFrame, delimiter: str, warnings: list[Warning]) -> pd.DataFrame:
     """Text columns that hold numbers as people write them (missing markers, decimal commas in
-    a file not separated by commas, thousands separators in one that is) as numbers."""
-    df = _missing_markers(df, decimal_comma=delimiter != ",", warnings=warnings)
-    if delimiter != ",":
-        return _decimal_commas(df, warnings)
-    return _thousands_separators(df, warnings)
+    a file not separated by commas, thousands separators in one that is, percent and currency
+    signs, accounting negatives) as numbers."""
+    decimal_comma = delimiter != ","
+    df = _missing_markers(df, decimal_comma=decimal_comma, warnings=warnings)
+    if decimal_comma:
+        df = _decimal_commas(df, warnings)
+    return _numbers_with_units(
+        df if decimal_comma else _thousands_separators(df, warnings),
+        decimal_comma=decimal_comma,
+        warnings=warnings,
+    )
+
+
+# A number with a percent sign, a currency sign or code before or after it, or in accounting's
+# parentheses for a negative: "12.5%", "$1,234.56", "-€3", "1.234,50 €", "(1,200.00)", "12 USD".
+_CURRENCY = r"[$€£¥₹₽₩₺]|US\$|USD|EUR|GBP|JPY|CHF|CAD|AUD|INR|CNY"
+_WITH_UNIT_RE = re.compile(
+    r"(?P<open>\()?\s*(?P<sign>[+\-−])?\s*(?P<before>" + _CURRENCY + r")?\s*(?P<sign2>[+\-−])?\s*"
+    r"(?P<number>[\d.,]*\d[\d.,]*)\s*(?P<after>%|" + _CURRENCY + r")?\s*(?P<close>\))?",
+    re.IGNORECASE,
+)
+# How the number part is written, by the file's convention (see _written_numbers).
+_POINT_NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?|\.\d+")
+_COMMA_NUMBER_RE = re.compile(r"\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d+(?:,\d*)?|,\d+")
+
+
+def _numbers_with_units(
+    df: pd.DataFrame, *, decimal_comma: bool, warnings: list[Warning]
+) -> pd.DataFrame:
+    """Text columns whose every value is a number with a percent sign, a currency sign or code,
+    or in parentheses (accounting's negative), each the same in the whole column, as numbers
+    as written — "12.5%" is 12.5, "(1,200.00)" is -1200 (in a column that has values without
+    parentheses too, or a unit) — with a warning naming the column's unit. Numbers follow the
+    file's convention (decimal commas in a file not separated by commas, else a decimal point);
+    a column where any value does not parse is left as text."""
+    units: dict[str, str] = {}
+    negatives: list[str] = []
+    number_re = _COMMA_NUMBER_RE if decimal_comma else _POINT_NUMBER_RE
+    for position in range(df.shape[1]):
+        col = df.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
+            continue
+        values = col.dropna()
+        if values.empty or not all(isinstance(v, str) for v in values):
+            continue
+        parts = values.str.strip().str.extract(f"^(?:{_WITH_UNIT_RE.pattern})$", flags=re.I)
+        if parts["number"].isna().any():
+            continue
+        signs = (parts["before"].fillna("") + parts["after"].fillna("")).str.upper()
+        marked = signs.ne("") | parts["open"].notna()
+        if not marked.any() or signs[signs.ne("")].nunique() > 1:
+            continue  # plain numbers are for the other rules; two units are not one column
+        if (parts["open"].isna() != parts["close"].isna()).any():
+            continue
+        if signs.eq("").all() and parts["open"].notna().all():
+            continue  # "(1)", "(2)": references more often than a column of only debits
+        if (parts["sign"].notna() & parts["sign2"].notna()).any():
+            continue
+        if not parts["number"].str.fullmatch(number_re).all():
+            continue
+        number = parts["number"]
+        if decimal_comma:
+            number = number.str.replace(".", "", regex=False).str.replace(",", ".", regex=False)
+        else:
+            number = number.str.replace(",", "", regex=False)
+        try:
+            read = pd.to_numeric(number)
+        except (ValueError, TypeError):
+            continue
+        sign = parts["sign"].fillna(parts["sign2"]).fillna("")
+        negative = sign.isin(["-", "−"]) | parts["open"].notna()
+        read = read.where(~negative, -read)
+        column: pd.Series[Any] = pd.Series(float("nan"), index=col.index, dtype="float64")
+        column.loc[values.index] = read.astype("float64").to_numpy()
+        kept = column.dropna()
+        if (kept % 1 == 0).all() and kept.abs().le(MAX_EXACT_FLOAT_INTEGER).all():
+            # Whole numbers stay integers (nullable where there are blanks).
+            column = column.astype("int64" if len(kept) == len(column) else "Int64")
+        df.isetitem(position, column.array)
+        name = str(df.columns[position])
+        unit = signs[signs.ne("")].iloc[0] if signs.ne("").any() else ""
+        units[name] = "percent" if unit == "%" else unit
+        if parts["open"].notna().any():
+            negatives.append(name)
+    if units:
+        listed = ", ".join(f"{name} ({unit})" if unit else name for name, unit in units.items())
+        message = f"numbers written with a unit were read as numbers in: {listed}"
+        if negatives:
+            message += f"; (parentheses) were read as negative in: {', '.join(negatives)}"
+        warnings.append(Warning(kind="units", message=message, details={"columns": units}))
+    return df
 
 
 # --------------------------------------------------------------------------------------------

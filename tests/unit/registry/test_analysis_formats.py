@@ -701,3 +701,72 @@ def test_a_total_row_above_the_table_in_a_german_export_is_found(
     assert warning.details["row"] == "first" and warning.details["label"] == "Insgesamt"
     # Two dots in one number can only be between thousands: the column is numbers.
     assert ctx.load_dataset("einw")["Einwohner"].tolist() == [3755251, 397134, 3358117]
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers with units
+
+
+def test_percent_and_currency_columns_are_read_as_numbers_with_their_unit(
+    ctx: ToolContext, files: Path
+) -> None:
+    """ "12.5%" and "$1,234.56" stayed text: no sum, no average, and ORDER BY sorted "9%"
+    after "10%"."""
+    (files / "results.csv").write_text(
+        "Region,Share,Revenue,Net\n"
+        'North,12.5%,"$1,234.56","(1,200.00)"\n'
+        "South,9%,$80.00,300.50\n"
+        'East,,"-$3.10","(5.25)"\n'
+        "West,10 %,$0,7\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "results.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "units"]
+    assert warning.details == {"columns": {"Share": "percent", "Revenue": "$", "Net": ""}}
+    assert "(parentheses) were read as negative in: Net" in warning.message
+    stored = ctx.load_dataset("results")
+    assert stored["Share"].tolist()[:2] == [12.5, 9.0] and stored["Share"].isna().iloc[2]
+    assert stored["Revenue"].tolist() == [1234.56, 80.0, -3.1, 0.0]
+    assert stored["Net"].tolist() == [-1200.0, 300.5, -5.25, 7.0]
+    top = ok_of(query({"sql": "SELECT Region FROM results ORDER BY Share DESC LIMIT 2"}, ctx))
+    assert top.data["Region"].tolist() == ["North", "West"]
+
+
+def test_euro_amounts_with_decimal_commas_are_read_in_a_semicolon_file(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "preise.csv").write_text(
+        "Artikel;Preis;Rabatt\nTee;1.234,50 €;12,5 %\nKaffee;12,00 €;7 %\nBrot;-3 €;\n",
+        encoding="utf-8",
+    )
+
+    ok_of(load_dataset({"path": "preise.csv"}, ctx))
+
+    stored = ctx.load_dataset("preise")
+    assert stored["Preis"].tolist() == [1234.5, 12.0, -3.0]
+    assert stored["Rabatt"].tolist()[:2] == [12.5, 7.0]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["$1", "€2", "$3"],  # two currencies: not one column of amounts
+        ["(1)", "(2)", "(3)"],  # references, not a column of debits
+        ["12%", "n/a%", "3%"],
+        ["$1.2.3", "$4"],
+        ["(5", "6)"],
+    ],
+)
+def test_text_that_only_looks_like_amounts_stays_text(
+    ctx: ToolContext, files: Path, values: list[str]
+) -> None:
+    (files / "odd_units.csv").write_text(
+        "v\n" + "\n".join(f'"{v}"' for v in values) + "\n", encoding="utf-8"
+    )
+
+    ok = ok_of(load_dataset({"path": "odd_units.csv"}, ctx))
+
+    assert "units" not in kinds(ok)
+    assert ctx.load_dataset("odd_units")["v"].tolist() == values
