@@ -470,7 +470,6 @@ def test_dates_whose_order_no_value_tells_stay_text_with_sql_that_reads_them(
         ["01.02.2024", "01/02/2024"],  # two separators
         ["1/2/24", "3/4/24"],  # two-digit years: which century is a guess
         ["1/2/2024 13:00 PM", "1/13/2024"],  # no 13 o'clock on a 12-hour clock
-        ["1/2/2024 2:00 PM", "1/13/2024 14:00"],  # two clocks
         ["1.2.2024", "version"],
     ],
 )
@@ -770,3 +769,22 @@ def test_text_that_only_looks_like_amounts_stays_text(
 
     assert "units" not in kinds(ok)
     assert ctx.load_dataset("odd_units")["v"].tolist() == values
+
+
+def test_times_on_both_clocks_and_with_fractions_are_read(ctx: ToolContext, files: Path) -> None:
+    (files / "shifts.csv").write_text(
+        "at,n\n1/2/2024 2:00 PM,1\n1/13/2024 14:00,2\n1/14/2024 12:00:00 AM,3\n"
+        "1/15/2024 09:30:05.25,4\n1/16/2024,5\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "shifts.csv"}, ctx))
+
+    assert "written_dates" in kinds(ok)
+    assert ctx.load_dataset("shifts")["at"].tolist() == [
+        pd.Timestamp("2024-01-02 14:00"),
+        pd.Timestamp("2024-01-13 14:00"),
+        pd.Timestamp("2024-01-14 00:00"),
+        pd.Timestamp("2024-01-15 09:30:05.250"),
+        pd.Timestamp("2024-01-16"),
+    ]
