@@ -22,7 +22,8 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "load_dataset",
         "description": (
-            "Load a CSV or Parquet file from the platform's data directories into a named table "
+            "Load a CSV, Parquet or Excel (.xlsx) file from the platform's data directories into "
+            "a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
             "after the file (lowercased, non [a-z0-9_] characters replaced by _, e.g. "
@@ -52,11 +53,21 @@ TOOLS: list[dict[str, Any]] = [
                 },
                 "format": {
                     "type": "string",
-                    "enum": ["auto", "csv", "parquet"],
+                    "enum": ["auto", "csv", "parquet", "excel"],
                     "default": "auto",
                     "description": (
                         "File format; 'auto' (default) decides from the extension (.csv, .tsv, "
-                        ".txt, optionally compressed, or .parquet/.pq)."
+                        ".txt, optionally compressed, .parquet/.pq, or .xlsx/.xlsm)."
+                    ),
+                },
+                "sheet": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 100,
+                    "description": (
+                        "Excel: the sheet to load, by name or 1-based position ('2'). Omitted: "
+                        "the first sheet with data (the others are named in a warning). "
+                        "Ignored for CSV and Parquet."
                     ),
                 },
                 "delimiter": {

@@ -101,6 +101,7 @@ MAX_ALTERNATIVES = 5
 MIN_SUGGESTION_SCORE = 0.3
 CSV_SUFFIXES = frozenset({".csv", ".tsv", ".txt"})
 PARQUET_SUFFIXES = frozenset({".parquet", ".pq"})
+EXCEL_SUFFIXES = frozenset({".xlsx", ".xlsm"})
 COMPRESSION_SUFFIXES = frozenset({".gz", ".bz2", ".zip", ".xz", ".zst"})
 DELIMITER_ALIASES = {"\\t": "\t", "tab": "\t", "\\|": "|"}
 MAX_MESSAGE_LINES = 6
@@ -131,7 +132,7 @@ _BOMS = (
     (b"\xfe\xff", "utf-16"),
 )
 
-FileFormat = Literal["csv", "parquet"]
+FileFormat = Literal["csv", "parquet", "excel"]
 _Quoting = Literal[0, 1, 2, 3]  # csv.QUOTE_*
 
 
@@ -601,7 +602,14 @@ def _file_stem(path: Path) -> str:
     name = path.name
     for suffix in reversed(path.suffixes):
         low = suffix.lower()
-        if low in COMPRESSION_SUFFIXES or low in CSV_SUFFIXES or low in PARQUET_SUFFIXES:
+        # A workbook's suffix only as the last one: workbooks are not read compressed.
+        workbook = low in EXCEL_SUFFIXES and name == path.name
+        if (
+            low in COMPRESSION_SUFFIXES
+            or low in CSV_SUFFIXES
+            or low in PARQUET_SUFFIXES
+            or workbook
+        ):
             name = name[: -len(suffix)]
         else:
             break
@@ -610,6 +618,8 @@ def _file_stem(path: Path) -> str:
 
 def _supported(path: Path) -> bool:
     suffixes = _format_suffixes(path)
+    if path.suffix.lower() in EXCEL_SUFFIXES:
+        return True
     return bool(suffixes) and (suffixes[-1] in CSV_SUFFIXES or suffixes[-1] in PARQUET_SUFFIXES)
 
 
@@ -662,16 +672,14 @@ def _file_alternatives(raw: str, roots: Sequence[Path]) -> list[Alternative]:
 
 SUPPORTED_FORMATS = (
     "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
-    "one-file .zip) and Parquet (.parquet, .pq)"
+    "one-file .zip), Parquet (.parquet, .pq) and Excel workbooks (.xlsx, .xlsm)"
 )
 # Formats load_dataset does not read, by extension: what the file is, and what to do instead.
-_EXCEL_ADVICE = "save the sheet as CSV (UTF-8) and load that"
+_EXCEL_ADVICE = "save the sheet as .xlsx or CSV (UTF-8) and load that"
 _CONVERT_ADVICE = "convert it to CSV or Parquet and load that"
 _UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
-    ".xlsx": ("an Excel workbook", _EXCEL_ADVICE),
-    ".xlsm": ("an Excel workbook", _EXCEL_ADVICE),
-    ".xlsb": ("an Excel workbook", _EXCEL_ADVICE),
-    ".xls": ("an Excel workbook", _EXCEL_ADVICE),
+    ".xlsb": ("an Excel binary workbook", _EXCEL_ADVICE),
+    ".xls": ("an Excel 97-2003 workbook", _EXCEL_ADVICE),
     ".ods": ("an OpenDocument spreadsheet", _EXCEL_ADVICE),
     ".json": ("JSON", _CONVERT_ADVICE),
     ".jsonl": ("JSON Lines", _CONVERT_ADVICE),
@@ -754,14 +762,27 @@ def _detect_format(
     """The format to read `opened` as: Parquet when its bytes are (whatever it is named or
     `requested` says, with a warning), else what `requested` or the extension says. A format
     load_dataset does not read (Excel, JSON…) is a schema Hint naming the ones it does."""
-    if requested not in ("auto", "csv", "parquet"):
+    if requested not in ("auto", "csv", "parquet", "excel"):
         raise HintException(
             "schema",
-            f"format must be 'auto', 'csv' or 'parquet', not {requested!r}",
-            [{"label": "csv", "score": 0.5}, {"label": "parquet", "score": 0.5}],
+            f"format must be 'auto', 'csv', 'parquet' or 'excel', not {requested!r}",
+            [{"label": f, "score": 0.5} for f in ("csv", "parquet", "excel")],
         )
     suffixes = _format_suffixes(path)
     last = suffixes[-1] if suffixes else ""
+    if requested != "excel" and _is_xlsx(opened):
+        if requested != "auto" or path.suffix.lower() not in EXCEL_SUFFIXES:
+            said = f"format={requested!r}" if requested != "auto" else f"its name ({path.name!r})"
+            warnings.append(
+                Warning(
+                    kind="format",
+                    message=f"the file is an Excel workbook, though {said} says otherwise; "
+                    "read as Excel",
+                )
+            )
+        return "excel"
+    if requested == "excel" or path.suffix.lower() in EXCEL_SUFFIXES:
+        return "excel"
     if requested != "parquet" and _is_parquet(opened):
         if requested == "csv" or last in CSV_SUFFIXES:
             said = "format='csv'" if requested == "csv" else f"its name ({path.name!r})"
@@ -797,6 +818,19 @@ def _detect_format(
             {"label": 'format="parquet"', "score": 0.5, "action": "add"},
         ],
     )
+
+
+def _is_xlsx(opened: IO[bytes]) -> bool:
+    """Whether `opened` is an Office Open XML workbook (a ZIP archive with xl/workbook.xml)."""
+    if not _peek(opened, 4).startswith(b"PK\x03\x04"):
+        return False
+    try:
+        with zipfile.ZipFile(opened) as archive:
+            return "xl/workbook.xml" in archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return False
+    finally:
+        opened.seek(0)
 
 
 def _zip_member_suffix(opened: IO[bytes], path: Path) -> str:
@@ -2792,6 +2826,199 @@ def _parse_written_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFr
     return df
 
 
+# --------------------------------------------------------------------------------------------
+# Excel workbooks
+
+# What Excel shows in a cell whose formula failed; read as a missing value.
+EXCEL_ERRORS = frozenset(
+    {"#N/A", "#DIV/0!", "#VALUE!", "#REF!", "#NAME?", "#NUM!", "#NULL!", "#GETTING_DATA", "#SPILL!"}
+)
+# An archive member decompressed beyond this many times the dataset limit is refused before
+# it is parsed (the shared strings are held in memory whole): a ZIP bomb dressed as a workbook.
+EXCEL_EXPANSION_FACTOR = 4
+
+
+def _check_workbook_archive(opened: IO[bytes], path: Path, limit: int) -> None:
+    """Refuse a workbook whose archive says it decompresses to more than the limit allows."""
+    try:
+        with zipfile.ZipFile(opened) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise HintException(
+            "schema", f"could not read {path.name!r} as an Excel workbook: {_first_lines(exc)}"
+        ) from exc
+    finally:
+        opened.seek(0)
+    if declared > EXCEL_EXPANSION_FACTOR * limit:
+        raise _too_large(path.name, f"its parts decompress to {declared} bytes", limit)
+
+
+def _cell_text(value: Any) -> str:
+    """A cell's value as Excel's own CSV export would write it, dates and times in ISO 8601."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) <= MAX_EXACT_FLOAT_INTEGER:
+            return str(int(value))
+        return repr(value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None and value.time() == datetime.time():
+            return value.date().isoformat()
+        return value.isoformat(sep=" ")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return str(value)
+
+
+def _chosen_sheet(book: Any, sheet: str | None, path: Path, warnings: list[Warning]) -> Any:
+    """The worksheet `sheet` names (its title, or its 1-based position), or without one the
+    first visible sheet that looks like a table (see _looks_tabular), with a warning naming the
+    others."""
+    sheets = list(book.worksheets)
+    titles = [str(ws.title) for ws in sheets]
+    if not sheets:
+        raise HintException("schema", f"{path.name!r} has no worksheets")
+    if sheet is not None:
+        wanted = sheet.strip()
+        for ws in sheets:
+            if ws.title == wanted:
+                return ws
+        for ws in sheets:
+            if str(ws.title).strip().casefold() == wanted.casefold():
+                return ws
+        if wanted.isdigit() and 1 <= int(wanted) <= len(sheets):
+            return sheets[int(wanted) - 1]
+        raise HintException(
+            "schema",
+            f"{path.name!r} has no sheet {wanted!r}; its sheets are: "
+            + ", ".join(repr(t) for t in titles[:30]),
+            _ranked([(_score(wanted, t), t, {"sheet": t}) for t in titles], limit=3),
+        )
+    visible = [ws for ws in sheets if getattr(ws, "sheet_state", "visible") == "visible"]
+    chosen = next(
+        (ws for ws in visible if _looks_tabular(ws)), visible[0] if visible else sheets[0]
+    )
+    others = [str(ws.title) for ws in visible if ws is not chosen]
+    if others:
+        warnings.append(
+            Warning(
+                kind="sheets",
+                message=f"read sheet {chosen.title!r}; the workbook also has "
+                + ", ".join(repr(t) for t in others[:20])
+                + " — pass sheet to load another",
+                details={"sheet": str(chosen.title), "others": others[:100]},
+            )
+        )
+    return chosen
+
+
+def _looks_tabular(ws: Any, rows: int = 200) -> bool:
+    """Whether one of the worksheet's first `rows` rows has values in two cells or more (a
+    contents or notes sheet, text down one column, has not)."""
+    for row in ws.iter_rows(max_row=rows, values_only=True):
+        if sum(cell is not None and cell != "" for cell in row) >= 2:
+            return True
+    return False
+
+
+def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> bytes:
+    """The worksheet as UTF-8 CSV, every row as wide as the widest (as Excel's own export
+    writes it), blank rows kept but not those after the last value; at most `limit` bytes.
+    Cells holding an Excel error (#N/A, #DIV/0!…) are written empty, counted in a warning."""
+    if hasattr(ws, "reset_dimensions"):
+        ws.reset_dimensions()  # the file's own dimension tag may be wrong (or hostile)
+    rows: list[list[str]] = []
+    width = 0
+    size = 0
+    errors: dict[str, int] = {}
+    pending_blank = 0
+    for values in ws.iter_rows(values_only=True):
+        cells = []
+        for value in values:
+            if isinstance(value, str) and value in EXCEL_ERRORS:
+                errors[value] = errors.get(value, 0) + 1
+                value = None
+            cells.append(_cell_text(value))
+        while cells and cells[-1] == "":
+            cells.pop()
+        if not cells:
+            pending_blank += 1
+            continue
+        rows.extend([] for _ in range(pending_blank))
+        pending_blank = 0
+        rows.append(cells)
+        width = max(width, len(cells))
+        size += sum(len(cell) + 1 for cell in cells)
+        if size > limit:
+            raise _too_large(path.name, f"over {limit} bytes of cells", limit)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for cells in rows:
+        writer.writerow(cells + [""] * (width - len(cells)) if cells else [])
+    if errors:
+        counted = ", ".join(f"{error} ×{n}" for error, n in sorted(errors.items()))
+        warnings.append(
+            Warning(
+                kind="excel_errors",
+                message=f"cells showing an Excel error were read as missing: {counted}",
+                details={"errors": errors},
+            )
+        )
+    return out.getvalue().encode("utf-8")
+
+
+def _read_excel(
+    opened: IO[bytes],
+    path: Path,
+    sheet: str | None,
+    header: bool | None,
+    limit: int,
+    warnings: list[Warning],
+) -> pd.DataFrame:
+    """A worksheet of the workbook as a DataFrame: its cells' values (formulas as last
+    calculated) written as CSV, then read as any CSV is — the notes above and below a table,
+    a total row, the types of its text — so a workbook and its CSV export load alike."""
+    import openpyxl  # imported when a workbook is read: most registries never read one
+
+    _check_workbook_archive(opened, path, limit)
+    try:
+        book = openpyxl.load_workbook(opened, read_only=True, data_only=True)
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError, TypeError, EOFError) as exc:
+        raise HintException(
+            "schema",
+            f"could not read {path.name!r} as an Excel workbook: "
+            f"{_first_lines(exc) or type(exc).__name__}; save it again from a spreadsheet "
+            "program, or as CSV",
+        ) from exc
+    except Exception as exc:  # defusedxml's refusals of entity tricks, and parser errors
+        raise HintException(
+            "schema",
+            f"could not read {path.name!r} as an Excel workbook: {type(exc).__name__}: "
+            f"{_first_lines(exc)}",
+        ) from exc
+    try:
+        ws = _chosen_sheet(book, sheet, path, warnings)
+        try:
+            text = _sheet_as_csv(ws, path, limit, warnings)
+        except (DatasetTooLarge, HintException):
+            raise
+        except Exception as exc:  # a malformed sheet part
+            raise HintException(
+                "schema",
+                f"could not read sheet {ws.title!r} of {path.name!r}: {type(exc).__name__}: "
+                f"{_first_lines(exc)}",
+            ) from exc
+        title = str(ws.title)
+    finally:
+        book.close()
+    if not text.strip():
+        raise HintException("schema", f"sheet {title!r} of {path.name!r} is empty")
+    shown = Path(f"{path.name} [{title}]")
+    return _read_csv(io.BytesIO(text), shown, ",", header, limit, warnings)
+
+
 def _read_parquet(
     opened: IO[bytes], path: Path, limit: int, warnings: list[Warning]
 ) -> pd.DataFrame:
@@ -2867,11 +3094,13 @@ def _parquet_size_estimate(parquet: pq.ParquetFile) -> int:
 
 
 def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
-    """Load a CSV/Parquet file inside the data roots as a dataset of the conversation."""
+    """Load a CSV, Parquet or Excel file inside the data roots as a dataset of the
+    conversation."""
     raw_path = _required_str(inputs, "path")
     explicit_name = _str_input(inputs, "name", required=False)
     requested_format = _str_input(inputs, "format", required=False) or "auto"
     raw_delimiter = _str_input(inputs, "delimiter", required=False)
+    sheet = _str_input(inputs, "sheet", required=False)
     header = inputs.get("header")
     if header is not None and not isinstance(header, bool):
         raise HintException("schema", f"`header` must be true or false, not {header!r}"[:300])
@@ -2891,6 +3120,8 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
         if file_format == "csv":
             delimiter = _delimiter(raw_delimiter, path)
             df = _read_csv(opened, path, delimiter, header, limit, warnings)
+        elif file_format == "excel":
+            df = _read_excel(opened, path, sheet, header, limit, warnings)
         else:
             df = _read_parquet(opened, path, limit, warnings)
     df = _sql_named_columns(df, warnings)

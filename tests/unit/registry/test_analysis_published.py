@@ -289,24 +289,12 @@ def test_a_header_that_looks_renamed_is_kept_as_written(ctx: ToolContext, files:
 # files that are not what their name says, and formats load_dataset does not read
 
 
-def xlsx_bytes() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("[Content_Types].xml", "<?xml version='1.0'?><Types/>")
-        archive.writestr("xl/workbook.xml", "<?xml version='1.0'?><workbook/>")
-        archive.writestr("xl/worksheets/sheet1.xml", "<?xml version='1.0'?><worksheet/>")
-    return buffer.getvalue()
-
-
 OLE2 = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(range(256)) * 4
 
 
 @pytest.mark.parametrize(
     ("name", "data", "fmt", "what"),
     [
-        ("book.xlsx", xlsx_bytes(), None, "Excel"),
-        ("book.xlsx", xlsx_bytes(), "csv", "Excel"),  # before: a one-column table of bytes
-        ("export.csv", xlsx_bytes(), None, "Excel"),
         ("old.xls", OLE2, None, "Excel"),
         ("old.csv", OLE2, None, "Excel"),
         ("records.json", '[{"a": 1}, {"a": 2}]', None, "JSON"),

@@ -1,0 +1,209 @@
+"""load_dataset on Excel workbooks (.xlsx/.xlsm), as statistical offices and finance teams
+publish them: a notes sheet before the table, a title above it, notes below, dates as dates,
+errors in cells, a total row — and hostile ones: a ZIP bomb dressed as a workbook, XML entity
+expansion, a file that only says it is a workbook. Workbooks are written with openpyxl."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import zipfile
+from pathlib import Path
+
+import openpyxl
+import pandas as pd
+import pytest
+
+from services.registry.context import ToolContext
+from services.registry.datasets import SqlDatasetStore
+from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
+from shared.contract import HintException
+
+from . import test_analysis_tools as tools
+
+db_url = tools.db_url
+make_store = tools.make_store
+store = tools.store
+files = tools.files
+ctx = tools.ctx
+ok_of = tools.ok_of
+
+
+def kinds(ok: object) -> list[str]:
+    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
+
+
+def published_workbook(path: Path) -> None:
+    """A workbook as an agency publishes one: a notes sheet first, then the table under a
+    title and a blank row, with a total row, an error cell and a note below it; a hidden
+    sheet; a chart-like summary sheet after it."""
+    book = openpyxl.Workbook()
+    notes = book.active
+    assert notes is not None
+    notes.title = "Notes"
+    notes.append(["About this table"])
+    notes.append(["Source: Ministry of Examples"])
+    table = book.create_sheet("Table 1")
+    table.append(["Table 1: Visits by region, 2024"])
+    table.append([])
+    table.append(["Region", "Opened", "Visits", "Share", "Code"])
+    table.append(["North", datetime.datetime(2024, 1, 5), 1200, 0.25, "007"])
+    table.append(["South", datetime.datetime(2024, 2, 10), 2400, 0.5, "012"])
+    table.append(["East", datetime.datetime(2024, 3, 1), 1200, None, "120"])
+    table["D6"] = "#DIV/0!"  # as a cached formula result
+    table.append(["Total", None, 4800, None, None])
+    table.append([])
+    table.append(["Note: figures are provisional."])
+    hidden = book.create_sheet("Lookup")
+    hidden.append(["k", "v"])
+    hidden.sheet_state = "hidden"
+    summary = book.create_sheet("Summary")
+    summary.append(["metric", "value"])
+    summary.append(["regions", 3])
+    book.save(path)
+
+
+def test_a_published_workbook_loads_its_table_like_its_csv_export_would(
+    ctx: ToolContext, files: Path
+) -> None:
+    published_workbook(files / "Visits 2024.xlsx")
+
+    ok = ok_of(load_dataset({"path": "Visits 2024.xlsx"}, ctx))
+
+    found = kinds(ok)
+    assert {"sheets", "excel_errors", "total_row", "footnotes"} <= set(found), found
+    sheets = next(w for w in ok.warnings if w.kind == "sheets")
+    assert sheets.details == {"sheet": "Table 1", "others": ["Notes", "Summary"]}
+    errors = next(w for w in ok.warnings if w.kind == "excel_errors")
+    assert errors.details == {"errors": {"#DIV/0!": 1}}
+    stored = ctx.load_dataset("visits_2024")
+    assert list(stored.columns) == ["Region", "Opened", "Visits", "Share", "Code"]
+    assert stored["Region"].tolist() == ["North", "South", "East", "Total"]
+    assert stored["Opened"].tolist()[:3] == [
+        pd.Timestamp("2024-01-05"),
+        pd.Timestamp("2024-02-10"),
+        pd.Timestamp("2024-03-01"),
+    ]
+    assert stored["Visits"].tolist() == [1200, 2400, 1200, 4800]
+    assert stored["Share"].tolist()[:2] == [0.25, 0.5] and stored["Share"].isna().iloc[2]
+    assert stored["Code"].tolist()[:3] == ["007", "012", "120"]  # text cells stay text
+    sql = "SELECT count(*) AS n FROM visits_2024 WHERE Opened >= DATE '2024-02-01'"
+    assert ok_of(query({"sql": sql}, ctx)).data["n"].tolist() == [2]
+
+
+def test_a_sheet_is_chosen_by_name_or_position_and_an_unknown_one_is_a_hint(
+    ctx: ToolContext, files: Path
+) -> None:
+    published_workbook(files / "visits.xlsx")
+
+    by_name = ok_of(load_dataset({"path": "visits.xlsx", "sheet": "summary", "name": "s"}, ctx))
+    by_position = ok_of(load_dataset({"path": "visits.xlsx", "sheet": "4", "name": "p"}, ctx))
+
+    assert "sheets" not in kinds(by_name) + kinds(by_position)
+    assert ctx.load_dataset("s")["value"].tolist() == [3]
+    assert ctx.load_dataset("p")["metric"].tolist() == ["regions"]
+    with pytest.raises(HintException) as unknown:
+        load_dataset({"path": "visits.xlsx", "sheet": "Tabel 1"}, ctx)
+    assert "has no sheet 'Tabel 1'" in unknown.value.message
+    assert "'Table 1'" in unknown.value.message
+    assert unknown.value.alternatives[0].label == "Table 1"
+
+
+def test_a_workbook_named_csv_is_read_as_a_workbook(ctx: ToolContext, files: Path) -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["a", "b"])
+    sheet.append([1, 2.5])
+    book.save(files / "export.csv")
+
+    ok = ok_of(load_dataset({"path": "export.csv"}, ctx))
+
+    assert "format" in kinds(ok)
+    assert ctx.load_dataset("export")["b"].tolist() == [2.5]
+
+
+def test_a_zip_bomb_dressed_as_a_workbook_is_refused_before_it_is_parsed(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    small = tools.make_context(tmp_path, store, max_dataset_bytes=1 << 20)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("xl/workbook.xml", "<workbook/>")
+        archive.writestr("xl/sharedStrings.xml", b"\0" * (8 << 20))  # compresses to ~8 KB
+    (files / "bomb.xlsx").write_bytes(buffer.getvalue())
+
+    with pytest.raises(DatasetTooLarge, match="decompress to"):
+        load_dataset({"path": "bomb.xlsx"}, small)
+
+
+def test_xml_entity_expansion_in_a_workbook_is_refused(ctx: ToolContext, files: Path) -> None:
+    """A billion-laughs DTD in a sheet: parsed without defusedxml, entities nested a few levels
+    deeper than here would expand to gigabytes in the registry's memory."""
+    path = files / "laughs.xlsx"
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["name", "n"])
+    sheet.append(["x", 1])
+    book.save(path)
+    dtd = (
+        '<!DOCTYPE worksheet [<!ENTITY lol "lol">'
+        '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">'
+        '<!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>'
+    )
+    rewritten = io.BytesIO()
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(rewritten, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "xl/worksheets/sheet1.xml":
+                text = data.decode()
+                root = text.index("<worksheet")
+                text = text[:root] + dtd + text[root:]
+                assert "<t>x</t>" in text
+                data = text.replace("<t>x</t>", "<t>&lol3;</t>").encode()
+            dst.writestr(info, data)
+    path.write_bytes(rewritten.getvalue())
+
+    with pytest.raises(HintException) as refused:
+        load_dataset({"path": "laughs.xlsx"}, ctx)
+
+    assert "could not read" in refused.value.message and "laughs.xlsx" in refused.value.message
+
+
+def hollow_workbook() -> bytes:
+    """A ZIP archive with a workbook part's name and nothing a workbook needs."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("[Content_Types].xml", "<?xml version='1.0'?><Types/>")
+        archive.writestr("xl/workbook.xml", "<?xml version='1.0'?><workbook/>")
+        archive.writestr("xl/worksheets/sheet1.xml", "<?xml version='1.0'?><worksheet/>")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        ("broken.xlsx", b"PK\x03\x04 not really a zip", "could not read 'broken.xlsx'"),
+        ("book.xlsx", hollow_workbook(), "could not read 'book.xlsx' as an Excel workbook"),
+        # Named CSV: before, a one-column table of the archive's bytes.
+        ("export.csv", hollow_workbook(), "could not read 'export.csv' as an Excel workbook"),
+        ("old.xls", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 64, "Excel 97-2003"),
+    ],
+)
+def test_workbooks_it_cannot_read_are_hints_that_say_why(
+    ctx: ToolContext, files: Path, name: str, data: bytes, expected: str
+) -> None:
+    (files / name).write_bytes(data)
+
+    with pytest.raises(HintException) as refused:
+        load_dataset({"path": name}, ctx)
+
+    assert expected in refused.value.message
+
+
+def test_an_empty_workbook_sheet_is_a_hint(ctx: ToolContext, files: Path) -> None:
+    openpyxl.Workbook().save(files / "empty.xlsx")
+
+    with pytest.raises(HintException, match="is empty"):
+        load_dataset({"path": "empty.xlsx"}, ctx)
