@@ -61,11 +61,12 @@ TOOLS: list[dict[str, Any]] = [
                     ),
                 },
                 "sheet": {
-                    "type": "string",
+                    "type": ["string", "integer"],
                     "minLength": 1,
                     "maxLength": 100,
+                    "minimum": 1,
                     "description": (
-                        "Excel: the sheet to load, by name or 1-based position ('2'). Omitted: "
+                        "Excel: the sheet to load, by name or 1-based position (2). Omitted: "
                         "the first sheet with data (the others are named in a warning). "
                         "Ignored for CSV and Parquet."
                     ),

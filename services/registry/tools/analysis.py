@@ -3100,7 +3100,12 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     explicit_name = _str_input(inputs, "name", required=False)
     requested_format = _str_input(inputs, "format", required=False) or "auto"
     raw_delimiter = _str_input(inputs, "delimiter", required=False)
-    sheet = _str_input(inputs, "sheet", required=False)
+    raw_sheet = inputs.get("sheet")
+    sheet = (
+        str(raw_sheet)
+        if isinstance(raw_sheet, int) and not isinstance(raw_sheet, bool)
+        else (_str_input(inputs, "sheet", required=False))
+    )
     header = inputs.get("header")
     if header is not None and not isinstance(header, bool):
         raise HintException("schema", f"`header` must be true or false, not {header!r}"[:300])

@@ -97,7 +97,7 @@ def test_a_sheet_is_chosen_by_name_or_position_and_an_unknown_one_is_a_hint(
     published_workbook(files / "visits.xlsx")
 
     by_name = ok_of(load_dataset({"path": "visits.xlsx", "sheet": "summary", "name": "s"}, ctx))
-    by_position = ok_of(load_dataset({"path": "visits.xlsx", "sheet": "4", "name": "p"}, ctx))
+    by_position = ok_of(load_dataset({"path": "visits.xlsx", "sheet": 4, "name": "p"}, ctx))
 
     assert "sheets" not in kinds(by_name) + kinds(by_position)
     assert ctx.load_dataset("s")["value"].tolist() == [3]
