@@ -22,8 +22,8 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "load_dataset",
         "description": (
-            "Load a CSV, Parquet or Excel (.xlsx) file from the platform's data directories into "
-            "a named table "
+            "Load a CSV, Parquet, Excel (.xlsx) or JSON file from the platform's data directories "
+            "into a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
             "after the file (lowercased, non [a-z0-9_] characters replaced by _, e.g. "
@@ -53,11 +53,12 @@ TOOLS: list[dict[str, Any]] = [
                 },
                 "format": {
                     "type": "string",
-                    "enum": ["auto", "csv", "parquet", "excel"],
+                    "enum": ["auto", "csv", "parquet", "excel", "json"],
                     "default": "auto",
                     "description": (
                         "File format; 'auto' (default) decides from the extension (.csv, .tsv, "
-                        ".txt, optionally compressed, .parquet/.pq, or .xlsx/.xlsm)."
+                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm, or "
+                        ".json/.jsonl/.ndjson)."
                     ),
                 },
                 "sheet": {

@@ -102,6 +102,11 @@ MIN_SUGGESTION_SCORE = 0.3
 CSV_SUFFIXES = frozenset({".csv", ".tsv", ".txt"})
 PARQUET_SUFFIXES = frozenset({".parquet", ".pq"})
 EXCEL_SUFFIXES = frozenset({".xlsx", ".xlsm"})
+JSON_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson"})
+# The compressions DuckDB's JSON reader decompresses (a path in /proc has no extension to say).
+JSON_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+JSON_MIN_OBJECT_BYTES = 16 << 20  # DuckDB's default maximum_object_size
+JSON_MEMORY_FACTOR = 4  # DuckDB's memory limit for a JSON read: this many times the largest value
 COMPRESSION_SUFFIXES = frozenset({".gz", ".bz2", ".zip", ".xz", ".zst"})
 DELIMITER_ALIASES = {"\\t": "\t", "tab": "\t", "\\|": "|"}
 MAX_MESSAGE_LINES = 6
@@ -132,7 +137,7 @@ _BOMS = (
     (b"\xfe\xff", "utf-16"),
 )
 
-FileFormat = Literal["csv", "parquet", "excel"]
+FileFormat = Literal["csv", "parquet", "excel", "json"]
 _Quoting = Literal[0, 1, 2, 3]  # csv.QUOTE_*
 
 
@@ -604,12 +609,8 @@ def _file_stem(path: Path) -> str:
         low = suffix.lower()
         # A workbook's suffix only as the last one: workbooks are not read compressed.
         workbook = low in EXCEL_SUFFIXES and name == path.name
-        if (
-            low in COMPRESSION_SUFFIXES
-            or low in CSV_SUFFIXES
-            or low in PARQUET_SUFFIXES
-            or workbook
-        ):
+        known = low in CSV_SUFFIXES or low in PARQUET_SUFFIXES or low in JSON_SUFFIXES
+        if low in COMPRESSION_SUFFIXES or known or workbook:
             name = name[: -len(suffix)]
         else:
             break
@@ -620,7 +621,8 @@ def _supported(path: Path) -> bool:
     suffixes = _format_suffixes(path)
     if path.suffix.lower() in EXCEL_SUFFIXES:
         return True
-    return bool(suffixes) and (suffixes[-1] in CSV_SUFFIXES or suffixes[-1] in PARQUET_SUFFIXES)
+    last = suffixes[-1] if suffixes else ""
+    return last in CSV_SUFFIXES or last in PARQUET_SUFFIXES or last in JSON_SUFFIXES
 
 
 def _walk_files(roots: Sequence[Path], limit: int = MAX_WALK_FILES) -> list[Path]:
@@ -672,18 +674,18 @@ def _file_alternatives(raw: str, roots: Sequence[Path]) -> list[Alternative]:
 
 SUPPORTED_FORMATS = (
     "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
-    "one-file .zip), Parquet (.parquet, .pq) and Excel workbooks (.xlsx, .xlsm)"
+    "one-file .zip), Parquet (.parquet, .pq), Excel workbooks (.xlsx, .xlsm) and JSON (.json: "
+    "an array of records, or a document holding one; .jsonl/.ndjson: a record per line; also "
+    ".gz or .zst)"
 )
 # Formats load_dataset does not read, by extension: what the file is, and what to do instead.
 _EXCEL_ADVICE = "save the sheet as .xlsx or CSV (UTF-8) and load that"
 _CONVERT_ADVICE = "convert it to CSV or Parquet and load that"
+_JSON_ADVICE = "pass format='json' to read it as JSON"
 _UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
     ".xlsb": ("an Excel binary workbook", _EXCEL_ADVICE),
     ".xls": ("an Excel 97-2003 workbook", _EXCEL_ADVICE),
     ".ods": ("an OpenDocument spreadsheet", _EXCEL_ADVICE),
-    ".json": ("JSON", _CONVERT_ADVICE),
-    ".jsonl": ("JSON Lines", _CONVERT_ADVICE),
-    ".ndjson": ("JSON Lines", _CONVERT_ADVICE),
     ".geojson": ("GeoJSON", _CONVERT_ADVICE),
     ".feather": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
     ".arrow": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
@@ -762,11 +764,11 @@ def _detect_format(
     """The format to read `opened` as: Parquet when its bytes are (whatever it is named or
     `requested` says, with a warning), else what `requested` or the extension says. A format
     load_dataset does not read (Excel, JSON…) is a schema Hint naming the ones it does."""
-    if requested not in ("auto", "csv", "parquet", "excel"):
+    if requested not in ("auto", "csv", "parquet", "excel", "json"):
         raise HintException(
             "schema",
-            f"format must be 'auto', 'csv', 'parquet' or 'excel', not {requested!r}",
-            [{"label": f, "score": 0.5} for f in ("csv", "parquet", "excel")],
+            f"format must be 'auto', 'csv', 'parquet', 'excel' or 'json', not {requested!r}",
+            [{"label": f, "score": 0.5} for f in ("csv", "parquet", "excel", "json")],
         )
     suffixes = _format_suffixes(path)
     last = suffixes[-1] if suffixes else ""
@@ -783,6 +785,8 @@ def _detect_format(
         return "excel"
     if requested == "excel" or path.suffix.lower() in EXCEL_SUFFIXES:
         return "excel"
+    if requested == "json" or (requested == "auto" and last in JSON_SUFFIXES):
+        return "json"
     if requested != "parquet" and _is_parquet(opened):
         if requested == "csv" or last in CSV_SUFFIXES:
             said = "format='csv'" if requested == "csv" else f"its name ({path.name!r})"
@@ -1483,7 +1487,7 @@ def _refuse_json(text: str, complete: bool, name: str) -> None:
     table of fragments (`{"a":1`, `b:"x"}`)."""
     start = text.lstrip("\ufeff \t\r\n")
     if re.match(r"\[\s*[\[{]", start):
-        raise _unsupported(name, "JSON (an array of records), not CSV", _CONVERT_ADVICE)
+        raise _unsupported(name, "JSON (an array of records), not CSV", _JSON_ADVICE)
     if not start.startswith("{"):
         return
     first, newline, _ = start.partition("\n")
@@ -1494,7 +1498,7 @@ def _refuse_json(text: str, complete: bool, name: str) -> None:
     except ValueError:
         return
     if isinstance(record, dict):
-        raise _unsupported(name, "JSON Lines (a JSON object per line), not CSV", _CONVERT_ADVICE)
+        raise _unsupported(name, "JSON Lines (a JSON object per line), not CSV", _JSON_ADVICE)
 
 
 def _csv_layout(
@@ -3019,6 +3023,101 @@ def _read_excel(
     return _read_csv(io.BytesIO(text), shown, ",", header, limit, warnings)
 
 
+# --------------------------------------------------------------------------------------------
+# JSON
+
+
+def _flattened(table: pa.Table) -> pa.Table:
+    """`table` with its struct columns spread into columns named `parent.child`, at any depth
+    (lists stay lists)."""
+    while any(pa.types.is_struct(field.type) for field in table.schema):
+        table = table.flatten()
+    return table
+
+
+def _json_records(table: pa.Table, warnings: list[Warning]) -> pa.Table:
+    """The records of a document that holds them under one key (`{"count": 2, "data": [...]}`,
+    as APIs answer): one row whose only list of objects is the table, with a warning naming the
+    key and the fields left out."""
+    if table.num_rows != 1:
+        return table
+    lists = [
+        field.name
+        for field in table.schema
+        if pa.types.is_list(field.type) and pa.types.is_struct(field.type.value_type)
+    ]
+    if len(lists) != 1:
+        return table
+    key = lists[0]
+    records = pc.list_flatten(table.column(key).combine_chunks())
+    others = [name for name in table.column_names if name != key]
+    left_out = f"; the document's other fields were not loaded: {', '.join(others)}"
+    warnings.append(
+        Warning(
+            kind="records",
+            message=f"read the {len(records)} records under {key!r}" + (left_out if others else ""),
+            details={"key": key, "other_fields": others},
+        )
+    )
+    return pa.Table.from_struct_array(records)
+
+
+def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning]) -> pd.DataFrame:
+    """A JSON file (an array of records, records one per line, or a document holding its records
+    under a key) as a DataFrame, read by DuckDB's JSON reader — types inferred, dates and times
+    in strings recognised, nested objects spread into `parent.child` columns. DuckDB reads the
+    very file opened (through /proc/self/fd), within a memory limit; more than `limit` bytes
+    read is DatasetTooLarge."""
+    suffix = path.suffix.lower()
+    compression = JSON_COMPRESSIONS.get(suffix, "none")
+    if suffix in COMPRESSION_SUFFIXES and suffix not in JSON_COMPRESSIONS:
+        raise _unsupported(
+            path.name, f"JSON compressed as {suffix}", "decompress it, or use .gz or .zst"
+        )
+    shown = f"/proc/self/fd/{opened.fileno()}"
+    # The largest value DuckDB holds at once: a record, or a whole document that holds its
+    # records under a key — at most the file (compressed: the limit), at least its default.
+    size = os.fstat(opened.fileno()).st_size
+    largest = max(JSON_MIN_OBJECT_BYTES, min(limit if compression != "none" else size + 1, limit))
+    memory = JSON_MEMORY_FACTOR * largest + (256 << 20)
+    con = duckdb.connect(config={"memory_limit": f"{memory >> 20}MB", "threads": 1})
+    batches: list[pa.RecordBatch] = []
+    try:
+        relation = con.sql(
+            "SELECT * FROM read_json(?, compression => ?, maximum_object_size => ?)",
+            params=[shown, compression, largest],
+        )
+        reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)
+        read = 0
+        for batch in reader:
+            read += batch.nbytes
+            if read > limit:
+                raise _too_large(path.name, f"more than {read} bytes read", limit)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
+    except duckdb.OutOfMemoryException as exc:
+        raise _too_large(path.name, "more than its memory limit to parse", limit) from exc
+    except (duckdb.Error, pa.ArrowException) as exc:
+        said = (_first_lines(exc).splitlines() or [type(exc).__name__])[0]
+        raise HintException(
+            "schema",
+            f"could not read {path.name!r} as JSON: {said.replace(shown, path.name)}; "
+            "load_dataset reads an array of objects, one object per line, or a document "
+            "holding an array of objects under a key",
+        ) from exc
+    finally:
+        con.close()
+    table = _flattened(_json_records(table, warnings))
+    if table.num_columns == 0 or table.num_rows == 0:
+        raise HintException(
+            "schema", f"could not read {path.name!r} as JSON: it holds no records to load"
+        )
+    names = _sql_column_names(table.column_names, warnings)
+    if names != table.column_names:
+        table = table.rename_columns(names)
+    return _arrow_to_pandas(table, warnings)
+
+
 def _read_parquet(
     opened: IO[bytes], path: Path, limit: int, warnings: list[Warning]
 ) -> pd.DataFrame:
@@ -3127,6 +3226,8 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             df = _read_csv(opened, path, delimiter, header, limit, warnings)
         elif file_format == "excel":
             df = _read_excel(opened, path, sheet, header, limit, warnings)
+        elif file_format == "json":
+            df = _read_json(opened, path, limit, warnings)
         else:
             df = _read_parquet(opened, path, limit, warnings)
     df = _sql_named_columns(df, warnings)

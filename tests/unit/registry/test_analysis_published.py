@@ -297,11 +297,9 @@ OLE2 = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(range(256)) * 4
     [
         ("old.xls", OLE2, None, "Excel"),
         ("old.csv", OLE2, None, "Excel"),
-        ("records.json", '[{"a": 1}, {"a": 2}]', None, "JSON"),
         ("records.json", '[{"a": 1}, {"a": 2}]', "csv", "JSON"),  # before: `[{"a": 1}` columns
         ("events.jsonl", '{"a": 1, "b": "x"}\n{"a": 2, "b": "y"}\n', "csv", "JSON Lines"),
         ("events.csv", '{"a": 1, "b": "x"}\n{"a": 2, "b": "y"}\n', None, "JSON Lines"),
-        ("events.ndjson", '{"a": 1}\n', None, "JSON Lines"),
     ],
 )
 def test_a_format_load_dataset_does_not_read_is_a_hint_naming_those_it_does(
