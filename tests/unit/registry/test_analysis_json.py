@@ -71,7 +71,7 @@ def test_an_array_of_records_loads_typed_with_nested_objects_as_columns(
     assert stored["address.zip"].tolist() == ["0150", "5003"]  # strings stay strings
     assert stored["joined"].tolist() == [datetime.date(2024, 1, 5), datetime.date(2024, 2, 10)]
     sql = (
-        "SELECT \"address.city\" AS city, len(tags) AS n FROM people "
+        'SELECT "address.city" AS city, len(tags) AS n FROM people '
         "WHERE joined > DATE '2024-01-31'"
     )
     assert ok_of(query({"sql": sql}, ctx)).data.to_dict("list") == {"city": ["Bergen"], "n": [0]}
