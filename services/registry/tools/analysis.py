@@ -926,6 +926,10 @@ class _Borrowed(io.RawIOBase):
         return len(data)
 
 
+def _compression_suffix(path: Path) -> bool:
+    return bool(path.suffixes) and path.suffixes[-1].lower() in COMPRESSION_SUFFIXES
+
+
 def _compression(raw: IO[bytes], path: Path) -> str:
     """How `raw` is compressed: by the last suffix of `path`, else by its first bytes (a
     gzip file saved as `data.csv`, as some downloads are); "" when it is not."""
@@ -1859,6 +1863,29 @@ def _read_csv(
 
         if layout.header:
             df = _header_as_written(df, lambda: read(encoding, quoting, header_row=True))
+            regrouped = _two_row_header(df, read_as_text)
+            if regrouped is not None:
+                names, rows = regrouped
+                shown_names = ", ".join(repr(n) for n in names[:8])
+                warnings.append(
+                    Warning(
+                        kind="header_rows",
+                        message="the header spans two rows (group labels above the columns' "
+                        f"own): the columns were named by both — {shown_names}"
+                        + (", …" if len(names) > 8 else ""),
+                        details={"columns": names},
+                    )
+                )
+                _encoding_warning(encoding, warnings)
+                out = io.StringIO()
+                writer = csv.writer(out, lineterminator="\n")
+                writer.writerow(names)
+                for record in rows.itertuples(index=False):
+                    writer.writerow(["" if not isinstance(v, str) else v for v in record])
+                rebuilt = io.BytesIO(out.getvalue().encode("utf-8"))
+                # (Named without a compression suffix: what is read again is plain text.)
+                plain = path.with_name(_file_stem(path)) if _compression_suffix(path) else path
+                return _read_csv(rebuilt, plain, ",", True, limit, warnings)
     except pd.errors.EmptyDataError as exc:
         raise HintException(
             "schema", f"{path.name!r} is empty: there is no header row to read"
@@ -1934,12 +1961,69 @@ def _read_csv(
         df = _gsod_missing(df, warnings)
         _sentinel_warning(df, warnings)
         _total_row_warning(df, warnings)
+    _encoding_warning(encoding, warnings)
+    return df
+
+
+def _encoding_warning(encoding: str, warnings: list[Warning]) -> None:
     if encoding in ("cp1252", "latin-1"):
         label = "Windows-1252" if encoding == "cp1252" else "Latin-1"
         warnings.append(
             Warning(kind="encoding", message=f"the file is not valid UTF-8; read as {label}")
         )
-    return df
+
+
+def _is_number_text(value: str) -> bool:
+    text = value.strip().replace(",", "")
+    return bool(text) and _NUMBER_RE.fullmatch(text) is not None
+
+
+def _two_row_header(
+    df: pd.DataFrame, read_as_text: Callable[[list[int]], pd.DataFrame]
+) -> tuple[list[str], pd.DataFrame] | None:
+    """A header written over two rows — group labels above, in merged (so blank) or repeated
+    cells, the labels of each column below (`2023, , 2024,` over `Q1, Q2, Q1, Q2`), as
+    statistical tables and spreadsheets are laid out — read as one: the column names joined
+    from both rows, and the rows below them as text. None unless the header has blank or
+    repeated names, the first row below it is text only (two cells or more), and a column
+    whose first row is text holds numbers below it."""
+    names = [str(c) for c in df.columns]
+    if df.shape[0] < 2 or df.shape[1] < 2:
+        return None
+    if "" not in names and len(set(names)) == len(names):
+        return None
+    text = read_as_text(list(range(df.shape[1])))
+    if text.shape != df.shape:
+        return None
+    first = text.iloc[0]
+    labels = [v for v in first if isinstance(v, str) and v.strip()]
+    if len(labels) < 2 or any(_is_number_text(v) for v in labels):
+        return None
+    below = text.iloc[1:]
+    numeric = False
+    for position, label in enumerate(first):
+        if not (isinstance(label, str) and label.strip()):
+            continue
+        values = below.iloc[:, position].dropna()
+        values = values[values.str.strip() != ""]
+        if not values.empty and values.map(_is_number_text).mean() >= 0.9:
+            numeric = True
+            break
+    if not numeric:
+        return None
+    joined, group = [], ""
+    for position, top in enumerate(names):
+        top = top.strip()
+        if top:
+            group = top
+        elif position > 0 and group:
+            top = group  # a merged group label covers the blank cells after it
+        sub = first.iloc[position]
+        sub = sub.strip() if isinstance(sub, str) else ""
+        joined.append(" ".join(part for part in (top, sub) if part) or f"column_{position + 1}")
+    rows = below.copy()
+    rows.columns = pd.Index(range(rows.shape[1]))
+    return joined, rows
 
 
 # The names pandas gives header cells it renames: a repeated name (`a.1`) and an empty one

@@ -207,3 +207,25 @@ def test_an_empty_workbook_sheet_is_a_hint(ctx: ToolContext, files: Path) -> Non
 
     with pytest.raises(HintException, match="is empty"):
         load_dataset({"path": "empty.xlsx"}, ctx)
+
+
+def test_merged_group_labels_over_the_column_headers_name_the_columns(
+    ctx: ToolContext, files: Path
+) -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["Region", 2023, None, 2024, None])
+    sheet.merge_cells("B1:C1")
+    sheet.merge_cells("D1:E1")
+    sheet.append([None, "Q1", "Q2", "Q1", "Q2"])
+    sheet.append(["North", 10, 11.5, 12, 13])
+    sheet.append(["South", 20, 21, 22, 23])
+    book.save(files / "quarters.xlsx")
+
+    ok = ok_of(load_dataset({"path": "quarters.xlsx"}, ctx))
+
+    assert "header_rows" in kinds(ok)
+    stored = ctx.load_dataset("quarters")
+    assert list(stored.columns) == ["Region", "2023 Q1", "2023 Q2", "2024 Q1", "2024 Q2"]
+    assert stored["2023 Q2"].tolist() == [11.5, 21.0]

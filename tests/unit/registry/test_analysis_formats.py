@@ -788,3 +788,50 @@ def test_times_on_both_clocks_and_with_fractions_are_read(ctx: ToolContext, file
         pd.Timestamp("2024-01-15 09:30:05.250"),
         pd.Timestamp("2024-01-16"),
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# Headers over two rows
+
+
+def test_a_header_over_two_rows_names_the_columns_by_both(ctx: ToolContext, files: Path) -> None:
+    """Group labels in merged cells above the columns' own (a year over its quarters): the
+    second row was read as data, and every column of numbers became text."""
+    (files / "quarters.csv").write_text(
+        "Region,2023,,2024,\n,Q1,Q2,Q1,Q2\nNorth,10,11,12,13\nSouth,20,21,22,\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "quarters.csv"}, ctx))
+
+    [warning] = [w for w in ok.warnings if w.kind == "header_rows"]
+    names = ["Region", "2023 Q1", "2023 Q2", "2024 Q1", "2024 Q2"]
+    assert warning.details == {"columns": names}
+    stored = ctx.load_dataset("quarters")
+    assert list(stored.columns) == names and ok.rows == 2
+    assert stored["2023 Q1"].tolist() == [10, 20]
+    assert stored["2024 Q2"].tolist()[0] == 13 and stored["2024 Q2"].isna().iloc[1]
+    sql = 'SELECT sum("2024 Q1") AS s FROM quarters'
+    assert ok_of(query({"sql": sql}, ctx)).data["s"].tolist() == [34]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # A blank header cell, but the first row is data.
+        "name,,n\na,b,1\nc,d,2\n",
+        # A text first row under a full header: a category, not a second header.
+        "kind,label,n\nx,y,1\nz,w,2\n",
+        # Labels below a blank header, but no column of numbers under them.
+        "a,,c\nx,y,z\np,q,r\n",
+    ],
+)
+def test_one_row_headers_are_not_joined_with_the_first_row(
+    ctx: ToolContext, files: Path, text: str
+) -> None:
+    (files / "plain.csv").write_text(text, encoding="utf-8")
+
+    ok = ok_of(load_dataset({"path": "plain.csv"}, ctx))
+
+    assert "header_rows" not in kinds(ok)
+    assert ok.rows == 2
