@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import IO, Any, Literal
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -3430,7 +3431,12 @@ def _top_values(col: pd.Series, distinct: int | None = None) -> str | None:
         return None
     shown = []
     for value, count in counts.items():
-        text = str(value)
+        if isinstance(value, (list, tuple, np.ndarray)):
+            # A list (JSON's arrays), as the preview writes it, not numpy's "['p' 'q']".
+            listed = value.tolist() if isinstance(value, np.ndarray) else list(value)
+            text = json.dumps(listed, ensure_ascii=False, default=str, separators=(",", ":"))
+        else:
+            text = str(value)
         if len(text) > TOP_VALUE_CHARS:
             text = text[: TOP_VALUE_CHARS - 1] + "…"
         shown.append(f"{text} ×{count}")

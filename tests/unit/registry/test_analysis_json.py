@@ -13,7 +13,12 @@ import pytest
 
 from services.registry.context import ToolContext
 from services.registry.datasets import SqlDatasetStore
-from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
+from services.registry.tools.analysis import (
+    DatasetTooLarge,
+    describe_entry,
+    load_dataset,
+    query,
+)
 from shared.contract import HintException
 
 from . import test_analysis_tools as tools
@@ -148,3 +153,15 @@ def test_json_named_csv_is_a_hint_to_pass_format_json_which_then_reads_it(
 
     ok_of(load_dataset({"path": "export.csv", "format": "json"}, ctx))
     assert ctx.load_dataset("export")["name"].tolist() == ["Ada", "Bo"]
+
+
+def test_list_columns_are_described_as_the_preview_writes_them(
+    ctx: ToolContext, files: Path
+) -> None:
+    """describe_entry's top values showed numpy's "['a' 'b']" for a JSON array."""
+    (files / "people.json").write_text(json.dumps(RECORDS), "utf-8")
+    ok_of(load_dataset({"path": "people.json"}, ctx))
+
+    described = ok_of(describe_entry({"name": "people"}, ctx)).data.set_index("column")
+
+    assert described.loc["tags", "top_values"] == '["a","b"] ×1, [] ×1'
