@@ -16,7 +16,7 @@ import pytest
 
 from services.registry.context import ToolContext
 from services.registry.tools.analysis import describe_entry, load_dataset, query
-from shared.contract import HintException
+from shared.contract import HintException, Warning
 
 from . import test_analysis_tools as tools
 
@@ -31,6 +31,12 @@ ok_of = tools.ok_of
 
 def kinds(ok: object) -> list[str]:
     return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
+
+
+def warning_of(ok: object, kind: str) -> Warning:
+    """The one warning of `kind` among `ok`'s."""
+    [warning] = [w for w in ok.warnings if w.kind == kind]  # type: ignore[attr-defined]
+    return warning
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,7 +394,7 @@ def test_month_first_dates_of_a_us_export_are_read_as_dates(ctx: ToolContext, fi
 
     ok = ok_of(load_dataset({"path": "orders.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "written_dates"]
+    warning = warning_of(ok, "written_dates")
     assert warning.details == {
         "columns": {"Order Date": "month/day/year", "Ship Date": "month/day/year with times"}
     }
@@ -450,7 +456,7 @@ def test_dates_whose_order_no_value_tells_stay_text_with_sql_that_reads_them(
 
     ok = ok_of(load_dataset({"path": "visits.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "ambiguous_dates"]
+    warning = warning_of(ok, "ambiguous_dates")
     assert "written_dates" not in kinds(ok)
     assert ctx.load_dataset("visits")["when"].tolist()[:2] == ["01/02/2020", "03/04/2020"]
     advice = warning.details["columns"]["when"]
@@ -654,7 +660,7 @@ def test_a_total_row_below_the_table_is_kept_with_the_sql_that_leaves_it_out(
 
     ok = ok_of(load_dataset({"path": "budget.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "total_row"]
+    warning = warning_of(ok, "total_row")
     assert warning.details == {
         "row": "last",
         "column": "Department",
@@ -696,7 +702,7 @@ def test_a_total_row_above_the_table_in_a_german_export_is_found(
 
     ok = ok_of(load_dataset({"path": "einw.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "total_row"]
+    warning = warning_of(ok, "total_row")
     assert warning.details["row"] == "first" and warning.details["label"] == "Insgesamt"
     # Two dots in one number can only be between thousands: the column is numbers.
     assert ctx.load_dataset("einw")["Einwohner"].tolist() == [3755251, 397134, 3358117]
@@ -722,7 +728,7 @@ def test_percent_and_currency_columns_are_read_as_numbers_with_their_unit(
 
     ok = ok_of(load_dataset({"path": "results.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "units"]
+    warning = warning_of(ok, "units")
     assert warning.details == {"columns": {"Share": "percent", "Revenue": "$", "Net": ""}}
     assert "(parentheses) were read as negative in: Net" in warning.message
     stored = ctx.load_dataset("results")
@@ -804,7 +810,7 @@ def test_a_header_over_two_rows_names_the_columns_by_both(ctx: ToolContext, file
 
     ok = ok_of(load_dataset({"path": "quarters.csv"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "header_rows"]
+    warning = warning_of(ok, "header_rows")
     names = ["Region", "2023 Q1", "2023 Q2", "2024 Q1", "2024 Q2"]
     assert warning.details == {"columns": names}
     stored = ctx.load_dataset("quarters")

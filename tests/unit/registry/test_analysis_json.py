@@ -22,6 +22,7 @@ from services.registry.tools.analysis import (
 from shared.contract import HintException
 
 from . import test_analysis_tools as tools
+from .test_analysis_formats import warning_of
 
 db_url = tools.db_url
 make_store = tools.make_store
@@ -104,7 +105,7 @@ def test_records_under_a_key_beside_paging_fields_are_the_table(
 
     ok = ok_of(load_dataset({"path": "page.json"}, ctx))
 
-    [warning] = [w for w in ok.warnings if w.kind == "records"]
+    warning = warning_of(ok, "records")
     assert warning.details == {"key": "results", "other_fields": ["count", "next"]}
     assert ctx.load_dataset("page")["name"].tolist() == ["Ada", "Bo"]
 
