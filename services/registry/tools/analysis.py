@@ -2925,6 +2925,9 @@ EXCEL_ERRORS = frozenset(
 # An archive member decompressed beyond this many times the dataset limit is refused before
 # it is parsed (the shared strings are held in memory whole): a ZIP bomb dressed as a workbook.
 EXCEL_EXPANSION_FACTOR = 4
+# How often (in rows) reading a sheet looks whether its call was cancelled: a sheet of a
+# million styled but empty rows writes nothing the byte limit would stop.
+EXCEL_CANCEL_CHECK_ROWS = 1000
 
 
 def _check_workbook_archive(opened: IO[bytes], path: Path, limit: int) -> None:
@@ -3007,6 +3010,7 @@ def _looks_tabular(ws: Any, rows: int = 200) -> bool:
     """Whether one of the worksheet's first `rows` rows has values in two cells or more (a
     contents or notes sheet, text down one column, has not)."""
     for row in ws.iter_rows(max_row=rows, values_only=True):
+        raise_if_cancelled()
         if sum(cell is not None and cell != "" for cell in row) >= 2:
             return True
     return False
@@ -3023,7 +3027,9 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
     size = 0
     errors: dict[str, int] = {}
     pending_blank = 0
-    for values in ws.iter_rows(values_only=True):
+    for number, values in enumerate(ws.iter_rows(values_only=True)):
+        if number % EXCEL_CANCEL_CHECK_ROWS == 0:
+            raise_if_cancelled()  # a cancelled (or timed-out) call stops reading the sheet
         cells = []
         for value in values:
             if isinstance(value, str) and value in EXCEL_ERRORS:
@@ -3167,19 +3173,27 @@ def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning
     memory = JSON_MEMORY_FACTOR * largest + (256 << 20)
     con = duckdb.connect(config={"memory_limit": f"{memory >> 20}MB", "threads": 1})
     batches: list[pa.RecordBatch] = []
+    watchdog = _Watchdog(con, QUERY_TIMEOUT_CAP_S)  # a cancelled call interrupts the read
     try:
-        relation = con.sql(
-            "SELECT * FROM read_json(?, compression => ?, maximum_object_size => ?)",
-            params=[shown, compression, largest],
-        )
-        reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)
-        read = 0
-        for batch in reader:
-            read += batch.nbytes
-            if read > limit:
-                raise _too_large(path.name, f"more than {read} bytes read", limit)
-            batches.append(batch)
-        table = pa.Table.from_batches(batches, schema=reader.schema)
+        with watchdog:
+            relation = con.sql(
+                "SELECT * FROM read_json(?, compression => ?, maximum_object_size => ?)",
+                params=[shown, compression, largest],
+            )
+            reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)
+            read = 0
+            for batch in reader:
+                read += batch.nbytes
+                if read > limit:
+                    raise _too_large(path.name, f"more than {read} bytes read", limit)
+                batches.append(batch)
+            table = pa.Table.from_batches(batches, schema=reader.schema)
+    except duckdb.InterruptException as exc:
+        if watchdog.cancelled:
+            raise CallCancelled("the load's call was cancelled") from exc
+        raise QueryTimeout(
+            f"reading {path.name!r} took longer than {QUERY_TIMEOUT_CAP_S:g}s"
+        ) from exc
     except duckdb.OutOfMemoryException as exc:
         raise _too_large(path.name, "more than its memory limit to parse", limit) from exc
     except (duckdb.Error, pa.ArrowException) as exc:

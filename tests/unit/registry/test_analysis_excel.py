@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import threading
 import zipfile
 from pathlib import Path
 
@@ -14,7 +15,12 @@ import openpyxl
 import pandas as pd
 import pytest
 
-from services.registry.context import ToolContext
+from services.registry.context import (
+    CallCancelled,
+    ToolContext,
+    cancellable,
+    reset_cancellation,
+)
 from services.registry.datasets import SqlDatasetStore
 from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
 from shared.contract import HintException
@@ -229,3 +235,25 @@ def test_merged_group_labels_over_the_column_headers_name_the_columns(
     stored = ctx.load_dataset("quarters")
     assert list(stored.columns) == ["Region", "2023 Q1", "2023 Q2", "2024 Q1", "2024 Q2"]
     assert stored["2023 Q2"].tolist() == [11.5, 21.0]
+
+
+def test_a_cancelled_load_stops_reading_a_sheet_of_empty_styled_rows(
+    ctx: ToolContext, files: Path
+) -> None:
+    """A sheet of many styled but empty rows writes nothing the byte limit would stop: only
+    the call's cancellation (or timeout) does, between rows."""
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["a", "b"])
+    for row in range(2, 5000):
+        sheet.cell(row=row, column=1).number_format = "0.00"  # styled, no value
+    book.save(files / "styled.xlsx")
+    event = threading.Event()
+    event.set()
+    token = cancellable(event)
+    try:
+        with pytest.raises(CallCancelled):
+            load_dataset({"path": "styled.xlsx"}, ctx)
+    finally:
+        reset_cancellation(token)
