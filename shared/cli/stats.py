@@ -38,7 +38,7 @@ def add_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--by",
-        choices=("tool", "tenant", "user", "conversation"),
+        choices=("tool", "tenant", "user", "conversation", "model"),
         default="tool",
         help="group by (default tool)",
     )

@@ -1,6 +1,6 @@
 """Operational statistics from the shared logs — calls, error rates, p50/p95 durations from
-tool_execution_log; cost, LLM calls and tokens from usage_log — grouped by tool, tenant, user
-or conversation over a window. Used by the `query_telemetry` tool, GetUsageStats and
+tool_execution_log; cost, LLM calls and tokens from usage_log — grouped by tool, tenant, user,
+conversation or model over a window. Used by the `query_telemetry` tool, GetUsageStats and
 `toolmesh stats`. Blocking; call from a worker thread."""
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ GROUPS = {
     "tenant": "tenant_id",
     "user": "user_id",
     "conversation": "conversation_id",
+    # Calls by the model their context named (the conversation's); LLM cost and tokens by the
+    # model that answered them.
+    "model": "model",
 }
 DEFAULT_WINDOW = timedelta(hours=24)
 

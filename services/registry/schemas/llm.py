@@ -62,8 +62,11 @@ TOOLS: list[dict[str, Any]] = [
             "properties": {
                 "group_by": {
                     "type": "string",
-                    "enum": ["tool", "tenant", "user", "conversation"],
-                    "description": "How to group the statistics (default tool).",
+                    "enum": ["tool", "tenant", "user", "conversation", "model"],
+                    "description": (
+                        "How to group the statistics (default tool); model: calls by the "
+                        "conversation's model, LLM cost and tokens by the model that answered."
+                    ),
                 },
                 "since_hours": {
                     "type": "number",

@@ -309,3 +309,30 @@ def test_since_accepts_durations_and_dates() -> None:
     assert parse_since("2026-12-01", now) == datetime(2026, 12, 1, tzinfo=UTC)
     with pytest.raises(ValueError, match="duration like"):
         parse_since("yesterday", now)
+
+
+def test_usage_stats_group_cost_by_the_model_that_answered(sessions) -> None:  # type: ignore[no-untyped-def]
+    """SREs asked which model the money went to; before, only tool, tenant, user or
+    conversation."""
+    log = SqlUsageLog(sessions)
+    for model, cost in (("claude-haiku-4-5", 0.25), ("claude-haiku-4-5", 0.5), ("big", 2.0)):
+        log.record(
+            UsageEntry(
+                tenant_id="t1",
+                conversation_id="c1",
+                tool_name="call_llm",
+                kind="llm",
+                model=model,
+                cost_usd=cost,
+                input_tokens=10,
+                output_tokens=5,
+            )
+        )
+
+    stats, _ = usage_stats(sessions, group_by="model")
+
+    by = {s.key: s for s in stats}
+    assert set(by) == {"claude-haiku-4-5", "big"}
+    assert by["claude-haiku-4-5"].cost_usd == pytest.approx(0.75)
+    assert by["claude-haiku-4-5"].llm_calls == 2 and by["big"].tokens == 15
+    assert list(stats_frame(stats, "model")["model"]) == ["big", "claude-haiku-4-5"]
