@@ -3532,12 +3532,83 @@ def _quote_words(sql: str, names: Sequence[str]) -> str:
     def quoted(match: re.Match[str]) -> str:
         return _sql_identifier(exact[match.group(1).lower()])
 
+    return _sub_in_code(sql, word, quoted)
+
+
+def _sub_in_code(
+    sql: str, pattern: re.Pattern[str], replacement: str | Callable[[re.Match[str]], str]
+) -> str:
+    """`sql` with `pattern` replaced outside strings, quoted identifiers and comments."""
     parts, last = [], 0
     for other in _SQL_NOT_CODE_RE.finditer(sql):
-        parts.append(word.sub(quoted, sql[last : other.start()]) + other.group(0))
+        parts.append(pattern.sub(replacement, sql[last : other.start()]) + other.group(0))
         last = other.end()
-    parts.append(word.sub(quoted, sql[last:]))
+    parts.append(pattern.sub(replacement, sql[last:]))
     return "".join(parts)
+
+
+def _spaced_names_fix(
+    con: duckdb.DuckDBPyConnection, sql: str, infos: Sequence[DatasetInfo], *, bind: bool
+) -> tuple[list[str], str] | None:
+    """The datasets' column names with spaces or symbols (`Order Date`, `Spend (k€)`) that
+    `sql` writes unquoted, and the SQL with them in double quotes — when it then parses (and,
+    with `bind`, binds); None otherwise. Longer names first: `Order Date Time` before
+    `Order Date`."""
+    if len(sql) > MAX_ADVISED_SQL_CHARS:
+        return None
+    names = sorted(
+        {
+            name
+            for info in infos
+            for column in info.columns
+            if (name := str(column.get("name", ""))) and not _PLAIN_NAME_RE.fullmatch(name)
+        },
+        key=len,
+        reverse=True,
+    )[:MAX_SPACED_NAMES]
+    found: list[str] = []
+    rewritten = sql
+    for name in names:
+        phrase = r"\s+".join(re.escape(part) for part in name.split())
+        if not phrase:
+            continue
+        pattern = re.compile(rf"(?<![\w.\"]){phrase}(?![\w\"])", re.IGNORECASE)
+        # (A replacement string would read the backslashes a quoted name may hold.)
+        quoted = _sql_identifier(name)
+        new = _sub_in_code(rewritten, pattern, functools.partial(_constant, quoted))
+        if new != rewritten:
+            found.append(name)
+            rewritten = new
+    if not found:
+        return None
+    try:
+        con.extract_statements(rewritten)
+    except duckdb.Error:
+        return None
+    if bind and not _binds(con, rewritten):
+        return None
+    return found, rewritten
+
+
+def _constant(text: str, _match: re.Match[str]) -> str:
+    return text
+
+
+def _spaced_names_hint(message: str, fix: tuple[list[str], str]) -> HintException:
+    names, rewritten = fix
+    which = ", ".join(repr(n) for n in names)
+    return HintException(
+        "schema",
+        f"{message}\ncolumn name(s) {which} hold spaces or symbols: write them in double "
+        "quotes, as in the alternative",
+        [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
+    )
+
+
+# A column name SQL reads unquoted (see _spaced_names_fix); and how many of the others are
+# tried.
+_PLAIN_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SPACED_NAMES = 50
 
 
 def _reserved_column_fix(
@@ -3633,6 +3704,9 @@ def _check_read_only(
             raise limited from exc
         fix = _reserved_column_fix(con, sql, infos)
         if fix is None:
+            spaced = _spaced_names_fix(con, sql, infos, bind=False)
+            if spaced is not None:
+                raise _spaced_names_hint(message, spaced) from exc
             raise HintException("schema", message) from exc
         names, rewritten = fix
         which = ", ".join(repr(n) for n in names)
@@ -4060,6 +4134,9 @@ def _binder_hint(
         match = pattern.search(text)
         if match is not None:
             name = match.group("name")
+            spaced = _spaced_names_fix(con, sql, infos, bind=True) if con is not None else None
+            if spaced is not None:
+                return _spaced_names_hint(f"no column {name!r}: {_first_lines(exc)}", spaced)
             fix = _quoted_text_fix(con, sql, name) if con is not None else None
             if fix is not None:
                 texts, rewritten = fix

@@ -841,3 +841,39 @@ def test_one_row_headers_are_not_joined_with_the_first_row(
 
     assert "header_rows" not in kinds(ok)
     assert ok.rows == 2
+
+
+@pytest.mark.parametrize(
+    ("sql", "fixed"),
+    [
+        # Read as `Sales AS Amount`: "no column Sales".
+        (
+            "SELECT Region, sales amount FROM orders_2024 ORDER BY 2",
+            'SELECT Region, "Sales Amount" FROM orders_2024 ORDER BY 2',
+        ),
+        # ORDER is a keyword: a syntax error.
+        (
+            'SELECT Order Date, "Spend (k€)" FROM orders_2024 WHERE Spend (k€) > 1 -- Order Date',
+            'SELECT "Order Date", "Spend (k€)" FROM orders_2024 WHERE "Spend (k€)" > 1 '
+            "-- Order Date",
+        ),
+    ],
+)
+def test_column_names_with_spaces_written_unquoted_get_the_quoted_sql(
+    ctx: ToolContext, files: Path, sql: str, fixed: str
+) -> None:
+    """Published files name columns `Order Date` or `Spend (k€)`; the model only read "no
+    column Sales" or "syntax error at or near Date"."""
+    (files / "orders 2024.csv").write_text(
+        "Order Date,Region,Sales Amount,Spend (k€)\n"
+        "2024-01-05,North,10,1.5\n2024-02-01,South,20,0.5\n",
+        encoding="utf-8",
+    )
+    ok_of(load_dataset({"path": "orders 2024.csv"}, ctx))
+
+    with pytest.raises(HintException) as raised:
+        query({"sql": sql}, ctx)
+
+    assert "hold spaces or symbols: write them in double quotes" in raised.value.message
+    assert [a.label for a in raised.value.alternatives] == [fixed]
+    assert ok_of(query({"sql": fixed}, ctx)).rows >= 1
