@@ -321,3 +321,40 @@ def test_the_inotify_watch_does_see_a_read_through_a_symlink(outside: Path, tmp_
     with opened_files(outside) as opened:
         assert SECRET in link.read_text(encoding="utf-8")
         assert "secret.csv" in opened()
+
+
+def test_a_workbook_sheet_and_a_json_file_load_through_the_mesh(mesh: Mesh) -> None:
+    """The registry process reads .xlsx (openpyxl, imported on first use) and JSON (DuckDB's
+    reader on /proc/self/fd), and its input validation takes `sheet` as a name or a number."""
+    import openpyxl
+
+    book = openpyxl.Workbook()
+    first = book.active
+    assert first is not None
+    first.title = "Notes"
+    first.append(["read me"])
+    table = book.create_sheet("Data")
+    table.append(["city", "visits"])
+    table.append(["Oslo", 3])
+    table.append(["Rome", 4])
+    book.save(mesh.files_dir / "visits.xlsx")
+    (mesh.files_dir / "events.jsonl").write_text(
+        '{"id": 1, "where": {"city": "Oslo"}}\n{"id": 2, "where": {"city": "Rome"}}\n', "utf-8"
+    )
+
+    by_number = call(mesh, "load_dataset", {"path": "visits.xlsx", "sheet": 2}, conversation="x")
+    events = call(mesh, "load_dataset", {"path": "events.jsonl"}, conversation="x")
+    joined = call(
+        mesh,
+        "query",
+        {
+            "sql": 'SELECT v.city, v.visits FROM visits v JOIN events e ON e."where.city" = v.city '
+            "ORDER BY v.visits"
+        },
+        conversation="x",
+    )
+
+    assert ok(by_number).rows == 2 and ok(events).rows == 2
+    assert data_rows(joined) == [{"city": "Oslo", "visits": 3}, {"city": "Rome", "visits": 4}]
+    bad_sheet = call(mesh, "load_dataset", {"path": "visits.xlsx", "sheet": 0}, conversation="x")
+    assert "sheet" in schema_hint(bad_sheet).message
