@@ -1993,6 +1993,10 @@ def _two_row_header(
         return None
     if "" not in names and len(set(names)) == len(names):
         return None
+    # Decided on the row as read first: the file is read again (as text) only for a candidate.
+    row = [v for v in df.iloc[0].tolist() if not (v is None or v is pd.NA or v != v)]
+    if len(row) < 2 or not all(isinstance(v, str) and not _is_number_text(v) for v in row):
+        return None
     text = read_as_text(list(range(df.shape[1])))
     if text.shape != df.shape:
         return None
