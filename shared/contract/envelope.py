@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 
 HintKind = Literal["schema", "fetch", "ambiguous"]
@@ -147,6 +148,45 @@ def infer_schema(record: Mapping[str, Any]) -> list[ColumnSpec]:
     ]
 
 
+# What an object column holds, named for the model (`date`, not `object`): pandas' own name
+# of the values' kind, as infer_dtype gives it, and ours.
+_OBJECT_KINDS = {
+    "date": "date",
+    "time": "time",
+    "decimal": "decimal",
+    "boolean": "bool",
+    "bytes": "bytes",
+    "string": "str",
+}
+
+
+def shown_dtype(col: pd.Series) -> str:
+    """The column's dtype as the schema shows it: pandas' name, except that an object column
+    is named by what it holds when that is one kind (date, time, decimal, bool, bytes, str,
+    list or struct), else `object`."""
+    if col.dtype != object:
+        return str(col.dtype)
+    values = col.dropna()
+    if values.empty:
+        return "object"
+    kind = _OBJECT_KINDS.get(pd.api.types.infer_dtype(values, skipna=False))
+    if kind is not None:
+        return kind
+    first = values.iloc[0]
+    if isinstance(first, (list, tuple, np.ndarray)) and all(
+        isinstance(v, (list, tuple, np.ndarray)) for v in values.head(SHOWN_DTYPE_SAMPLE)
+    ):
+        return "list"
+    if isinstance(first, dict) and all(
+        isinstance(v, dict) for v in values.head(SHOWN_DTYPE_SAMPLE)
+    ):
+        return "struct"
+    return "object"
+
+
+SHOWN_DTYPE_SAMPLE = 100
+
+
 def measure_schema(df: pd.DataFrame) -> list[ColumnSpec]:
     """Measure a DataFrame's schema: dtype, nulls and distinct values per column."""
     specs: list[ColumnSpec] = []
@@ -159,7 +199,7 @@ def measure_schema(df: pd.DataFrame) -> list[ColumnSpec]:
         specs.append(
             ColumnSpec(
                 name=str(name),
-                dtype=str(col.dtype),
+                dtype=shown_dtype(col),
                 null_count=int(col.isna().sum()),
                 distinct_count=distinct,
             )
