@@ -1974,6 +1974,34 @@ def _encoding_warning(encoding: str, warnings: list[Warning]) -> None:
         )
 
 
+# A year as a column label ("Population" over 2022, 2023).
+_YEAR_RE = re.compile(r"(?:18|19|20)\d\d")
+
+
+def _header_like(cells: list[Any], grouped: list[bool]) -> bool:
+    """Whether a row's cells could be a header's second row: two labels or more, all under
+    grouped columns (see _two_row_header), nothing under the others."""
+    labels = 0
+    for cell, in_group in zip(cells, grouped, strict=True):
+        if cell is None or cell is pd.NA or cell != cell:  # missing (NaN)
+            continue
+        if isinstance(cell, float) and cell.is_integer():
+            cell = int(cell)  # a year pandas read as a number
+        shown = str(cell).strip()
+        if not shown:
+            continue
+        if not in_group or not _is_label(shown):
+            return False
+        labels += 1
+    return labels >= 2
+
+
+def _is_label(value: str) -> bool:
+    """Whether a cell of a header's second row reads as a label: text, or a year."""
+    text = value.strip()
+    return bool(text) and (not _is_number_text(text) or _YEAR_RE.fullmatch(text) is not None)
+
+
 def _is_number_text(value: str) -> bool:
     text = value.strip().replace(",", "")
     return bool(text) and _NUMBER_RE.fullmatch(text) is not None
@@ -1983,26 +2011,32 @@ def _two_row_header(
     df: pd.DataFrame, read_as_text: Callable[[list[int]], pd.DataFrame]
 ) -> tuple[list[str], pd.DataFrame] | None:
     """A header written over two rows — group labels above, in merged (so blank) or repeated
-    cells, the labels of each column below (`2023, , 2024,` over `Q1, Q2, Q1, Q2`), as
-    statistical tables and spreadsheets are laid out — read as one: the column names joined
-    from both rows, and the rows below them as text. None unless the header has blank or
-    repeated names, the first row below it is text only (two cells or more), and a column
-    whose first row is text holds numbers below it."""
+    cells, the labels of each column below (`2023, , 2024,` over `Q1, Q2, Q1, Q2`, or
+    `Population, ` over `2022, 2023`), as statistical tables and spreadsheets are laid out —
+    read as one: the column names joined from both rows, and the rows below them as text.
+    None unless the header has blank or repeated names, the first row below it has labels
+    (text, or years) under the grouped columns only — two or more, and nothing under a column
+    of its own (a data row has a value there) — and a labelled column holds numbers below."""
     names = [str(c) for c in df.columns]
     if df.shape[0] < 2 or df.shape[1] < 2:
         return None
     if "" not in names and len(set(names)) == len(names):
         return None
+    tops = [n.strip() for n in names]
+    grouped = [
+        not top
+        or (i > 0 and top == tops[i - 1])
+        or (i + 1 < len(tops) and tops[i + 1] in ("", top))
+        for i, top in enumerate(tops)
+    ]
     # Decided on the row as read first: the file is read again (as text) only for a candidate.
-    row = [v for v in df.iloc[0].tolist() if not (v is None or v is pd.NA or v != v)]
-    if len(row) < 2 or not all(isinstance(v, str) and not _is_number_text(v) for v in row):
+    if not _header_like(df.iloc[0].tolist(), grouped):
         return None
     text = read_as_text(list(range(df.shape[1])))
     if text.shape != df.shape:
         return None
     first = text.iloc[0]
-    labels = [v for v in first if isinstance(v, str) and v.strip()]
-    if len(labels) < 2 or any(_is_number_text(v) for v in labels):
+    if not _header_like(first.tolist(), grouped):
         return None
     below = text.iloc[1:]
     numeric = False

@@ -877,3 +877,32 @@ def test_column_names_with_spaces_written_unquoted_get_the_quoted_sql(
     assert "hold spaces or symbols: write them in double quotes" in raised.value.message
     assert [a.label for a in raised.value.alternatives] == [fixed]
     assert ok_of(query({"sql": fixed}, ctx)).rows >= 1
+
+
+def test_years_under_group_labels_name_the_columns_too(ctx: ToolContext, files: Path) -> None:
+    (files / "pop.csv").write_text(
+        "Country,Population,,GDP (bn),\n,2022,2023,2022,2023\nNorway,5.46,5.52,579,485\n"
+        "Chile,19.6,19.63,301,335\n",
+        encoding="utf-8",
+    )
+
+    ok = ok_of(load_dataset({"path": "pop.csv"}, ctx))
+
+    assert warning_of(ok, "header_rows").details["columns"] == [
+        "Country",
+        "Population 2022",
+        "Population 2023",
+        "GDP (bn) 2022",
+        "GDP (bn) 2023",
+    ]
+    assert ctx.load_dataset("pop")["GDP (bn) 2023"].tolist() == [485, 335]
+
+
+def test_a_first_row_of_year_like_numbers_with_its_own_label_is_data(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "counts.csv").write_text("site,count,\nA,2022,2023\nB,1999,2001\n", encoding="utf-8")
+
+    ok = ok_of(load_dataset({"path": "counts.csv"}, ctx))
+
+    assert "header_rows" not in kinds(ok) and ok.rows == 2
