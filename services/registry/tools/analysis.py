@@ -2844,7 +2844,9 @@ class _WrittenDates:
 
     values: pd.Series | None
     order: str
-    formats: tuple[str, ...]  # the strptime formats that read them in SQL (two when unclear)
+    # strptime's format argument in SQL that reads them (one per order when unclear): a
+    # format literal, or a list of two when only some values carry a time
+    formats: tuple[str, ...]
 
 
 def _read_as(text: pd.Series, date_format: str) -> pd.Series | None:
@@ -2885,21 +2887,27 @@ def _written_dates(values: pd.Series) -> _WrittenDates | None:
         clock += ":%S" if shown.group("sec") else ""
         clock += " %p" if twelve else ""
     with_times = " with times" if not timed.empty else ""
+
+    def sql(date_format: str) -> str:
+        if clock and len(timed) < len(text):  # strptime tries a list's formats in turn
+            return f"['{date_format + clock}', '{date_format}']"
+        return f"'{date_format + clock}'"
+
     if first.group("y") is not None:
         read = _read_as(text, "%Y/%m/%d")
         if read is None:
             return None
-        return _WrittenDates(read, "year/month/day" + with_times, ("%Y/%m/%d" + clock,))
+        return _WrittenDates(read, "year/month/day" + with_times, (sql("%Y/%m/%d"),))
     sep = first.group("sep")
     day_first, month_first = f"%d{sep}%m{sep}%Y", f"%m{sep}%d{sep}%Y"
     by_day, by_month = _read_as(text, day_first), _read_as(text, month_first)
     if by_day is not None and (by_month is None or sep == "."):
-        return _WrittenDates(by_day, f"day{sep}month{sep}year" + with_times, (day_first + clock,))
+        return _WrittenDates(by_day, f"day{sep}month{sep}year" + with_times, (sql(day_first),))
     if by_month is not None and by_day is None:
         order = f"month{sep}day{sep}year" + with_times
-        return _WrittenDates(by_month, order, (month_first + clock,))
+        return _WrittenDates(by_month, order, (sql(month_first),))
     if by_day is not None:
-        forms = (day_first + clock, month_first + clock)
+        forms = (sql(day_first), sql(month_first))
         return _WrittenDates(None, f"day{sep}month or month{sep}day", forms)
     return None
 
@@ -2923,7 +2931,7 @@ def _parse_written_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFr
         name = str(df.columns[position])
         if dates.values is None:
             day_first, month_first = (
-                f"strptime({_sql_identifier(name)}, '{form}')" for form in dates.formats
+                f"strptime({_sql_identifier(name)}, {form})" for form in dates.formats
             )
             unclear[name] = f"{day_first} (day first) or {month_first} (month first)"
             continue

@@ -906,3 +906,20 @@ def test_a_first_row_of_year_like_numbers_with_its_own_label_is_data(
     ok = ok_of(load_dataset({"path": "counts.csv"}, ctx))
 
     assert "header_rows" not in kinds(ok) and ok.rows == 2
+
+
+def test_unclear_dates_some_with_times_get_sql_that_reads_them_all(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "log.csv").write_text("at,n\n01/02/2020 10:30,1\n03/04/2020,2\n", encoding="utf-8")
+
+    ok = ok_of(load_dataset({"path": "log.csv"}, ctx))
+
+    advice = warning_of(ok, "ambiguous_dates").details["columns"]["at"]
+    day_first = advice.split(" (day first)")[0]
+    assert day_first == "strptime(\"at\", ['%d/%m/%Y %H:%M', '%d/%m/%Y'])"
+    rows = ok_of(query({"sql": f"SELECT {day_first} AS d FROM log ORDER BY n"}, ctx)).data
+    assert rows["d"].tolist() == [
+        datetime.datetime(2020, 2, 1, 10, 30),
+        datetime.datetime(2020, 4, 3),
+    ]
