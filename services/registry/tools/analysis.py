@@ -3062,20 +3062,67 @@ def _looks_tabular(ws: Any, rows: int = 200) -> bool:
     return False
 
 
+_MERGE_CELL_RE = re.compile(
+    rb'<(?:\w+:)?mergeCell\s+ref="([A-Z]{1,3})(\d{1,7}):([A-Z]{1,3})(\d{1,7})"'
+)
+MAX_MERGED_RANGES = 100_000
+
+
+def _column_number(letters: bytes) -> int:
+    number = 0
+    for letter in letters:
+        number = number * 26 + letter - 64
+    return number
+
+
+def _merged_ranges(ws: Any) -> list[tuple[int, int, int, int]]:
+    """The worksheet's merged ranges (first row, first column, last row, last column), read
+    off its XML part (openpyxl's read-only sheets do not keep them); [] when they cannot be."""
+    ranges: list[tuple[int, int, int, int]] = []
+    tail = b""
+    try:
+        with ws._get_source() as source:  # openpyxl's own reader of the sheet's part
+            while chunk := source.read(READ_CHUNK_BYTES):
+                text = tail + chunk
+                for match in _MERGE_CELL_RE.finditer(text):
+                    c1, r1, c2, r2 = match.groups()
+                    ranges.append((int(r1), _column_number(c1), int(r2), _column_number(c2)))
+                    if len(ranges) >= MAX_MERGED_RANGES:
+                        return ranges
+                # A tag cut at the chunk's end is matched with the next chunk.
+                cut = text.rfind(b"<")
+                unfinished = cut >= 0 and b">" not in text[cut:] and len(text) - cut < 200
+                tail = text[cut:] if unfinished else b""
+    except (AttributeError, OSError, zipfile.BadZipFile, KeyError) as exc:
+        logger.info("could not read the merged cells of sheet %r: %s", ws.title, exc)
+        return []
+    return sorted(set(ranges))
+
+
 def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> bytes:
     """The worksheet as UTF-8 CSV, every row as wide as the widest (as Excel's own export
     writes it), blank rows kept but not those after the last value; at most `limit` bytes.
-    Cells holding an Excel error (#N/A, #DIV/0!…) are written empty, counted in a warning."""
+    Cells holding an Excel error (#N/A, #DIV/0!…) are written empty, counted in a warning. A
+    merged cell's value is repeated into every cell it covers (a category merged down the
+    rows it labels, a group label across its columns), with a warning."""
     if hasattr(ws, "reset_dimensions"):
         ws.reset_dimensions()  # the file's own dimension tag may be wrong (or hostile)
+    starts: dict[int, list[tuple[int, int, int]]] = {}
+    merged = _merged_ranges(ws)
+    for r1, c1, r2, c2 in merged:
+        starts.setdefault(r1, []).append((c1, c2, r2))
+    active: list[tuple[int, int, int, Any]] = []  # (first column, last, last row, value)
     rows: list[list[str]] = []
     width = 0
     size = 0
     errors: dict[str, int] = {}
     pending_blank = 0
-    for number, values in enumerate(ws.iter_rows(values_only=True)):
+    for number, row_values in enumerate(ws.iter_rows(values_only=True)):
         if number % EXCEL_CANCEL_CHECK_ROWS == 0:
             raise_if_cancelled()  # a cancelled (or timed-out) call stops reading the sheet
+        values = list(row_values)
+        if merged:
+            values = _with_merges(values, number + 1, starts, active)
         cells = []
         for value in values:
             if isinstance(value, str) and value in EXCEL_ERRORS:
@@ -3098,6 +3145,15 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
     writer = csv.writer(out, lineterminator="\n")
     for cells in rows:
         writer.writerow(cells + [""] * (width - len(cells)) if cells else [])
+    if merged:
+        warnings.append(
+            Warning(
+                kind="merged_cells",
+                message=f"{len(merged)} merged cell range(s): each one's value was repeated "
+                "into every cell it covers",
+                details={"ranges": len(merged)},
+            )
+        )
     if errors:
         counted = ", ".join(f"{error} ×{n}" for error, n in sorted(errors.items()))
         warnings.append(
@@ -3108,6 +3164,27 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
             )
         )
     return out.getvalue().encode("utf-8")
+
+
+def _with_merges(
+    values: list[Any],
+    row: int,
+    starts: dict[int, list[tuple[int, int, int]]],
+    active: list[tuple[int, int, int, Any]],
+) -> list[Any]:
+    """Row `row`'s values with the merged ranges over it filled from their first cell
+    (`active` carries the ranges begun above, and is updated)."""
+    for c1, c2, r2 in starts.get(row, ()):
+        active.append((c1, c2, r2, values[c1 - 1] if c1 <= len(values) else None))
+    active[:] = [entry for entry in active if entry[2] >= row]
+    for c1, c2, _, value in active:
+        if value is None:
+            continue
+        if len(values) < c2:
+            values.extend([None] * (c2 - len(values)))
+        for column in range(c1, c2 + 1):
+            values[column - 1] = value
+    return values
 
 
 def _read_excel(

@@ -22,10 +22,12 @@ from services.registry.context import (
     reset_cancellation,
 )
 from services.registry.datasets import SqlDatasetStore
+from services.registry.tools import analysis
 from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
 from shared.contract import HintException
 
 from . import test_analysis_tools as tools
+from .test_analysis_formats import warning_of
 
 db_url = tools.db_url
 make_store = tools.make_store
@@ -257,3 +259,37 @@ def test_a_cancelled_load_stops_reading_a_sheet_of_empty_styled_rows(
             load_dataset({"path": "styled.xlsx"}, ctx)
     finally:
         reset_cancellation(token)
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7])  # 7: every merge tag cut across chunks
+def test_a_category_merged_down_its_rows_labels_each_of_them(
+    ctx: ToolContext, files: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """A report's region merged over its three rows: only the first row had it, and a GROUP
+    BY region counted the others under NULL."""
+    monkeypatch.setattr(analysis, "READ_CHUNK_BYTES", chunk)
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["Region", "City", "Sales"])
+    for region, city, sales in [
+        ("North", "Oslo", 1),
+        (None, "Tromsø", 2),
+        (None, "Bodø", 3),
+        ("South", "Rome", 4),
+        (None, "Bari", 5),
+    ]:
+        sheet.append([region, city, sales])
+    sheet.merge_cells("A2:A4")
+    sheet.merge_cells("A5:A6")
+    book.save(files / "report.xlsx")
+
+    ok = ok_of(load_dataset({"path": "report.xlsx"}, ctx))
+
+    assert warning_of(ok, "merged_cells").details == {"ranges": 2}
+    assert ctx.load_dataset("report")["Region"].tolist() == ["North"] * 3 + ["South"] * 2
+    sql = "SELECT Region, sum(Sales) AS s FROM report GROUP BY Region ORDER BY Region"
+    assert ok_of(query({"sql": sql}, ctx)).data.to_dict("list") == {
+        "Region": ["North", "South"],
+        "s": [6, 9],
+    }
