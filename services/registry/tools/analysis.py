@@ -3075,28 +3075,46 @@ def _column_number(letters: bytes) -> int:
     return number
 
 
-def _merged_ranges(ws: Any) -> list[tuple[int, int, int, int]]:
-    """The worksheet's merged ranges (first row, first column, last row, last column), read
-    off its XML part (openpyxl's read-only sheets do not keep them); [] when they cannot be."""
-    ranges: list[tuple[int, int, int, int]] = []
-    tail = b""
+# A formula cell saved without its value (`<c r="C2"><f>A2*B2</f></c>`): written by a program
+# that does not calculate (a script's library), it reads as empty.
+_EMPTY_VALUE = rb"(?:<(?:\w+:)?v\s*/>|<(?:\w+:)?v>\s*</(?:\w+:)?v>)?"
+_UNCALCULATED_RE = re.compile(
+    rb"(?:</(?:\w+:)?f>|<(?:\w+:)?f\b[^>]*/>)\s*" + _EMPTY_VALUE + rb"\s*</(?:\w+:)?c>"
+)
+# Bytes of a sheet's XML kept from one chunk to the next, so a tag cut between them is seen.
+_XML_OVERLAP = 4096
+
+
+@dataclass
+class _SheetFacts:
+    """What a worksheet's XML says that openpyxl's read-only rows do not."""
+
+    merged: list[tuple[int, int, int, int]]  # (first row, first column, last row, last column)
+    uncalculated: int  # formula cells saved without a value
+
+
+def _sheet_facts(ws: Any) -> _SheetFacts:
+    """The worksheet's merged ranges and uncalculated formulas, read off its XML part in
+    chunks; none when the part cannot be read so."""
+    merged: set[tuple[int, int, int, int]] = set()
+    uncalculated = 0
+    carry = b""
     try:
         with ws._get_source() as source:  # openpyxl's own reader of the sheet's part
             while chunk := source.read(READ_CHUNK_BYTES):
-                text = tail + chunk
+                text = carry + chunk
                 for match in _MERGE_CELL_RE.finditer(text):
-                    c1, r1, c2, r2 = match.groups()
-                    ranges.append((int(r1), _column_number(c1), int(r2), _column_number(c2)))
-                    if len(ranges) >= MAX_MERGED_RANGES:
-                        return ranges
-                # A tag cut at the chunk's end is matched with the next chunk.
-                cut = text.rfind(b"<")
-                unfinished = cut >= 0 and b">" not in text[cut:] and len(text) - cut < 200
-                tail = text[cut:] if unfinished else b""
+                    if match.end() > len(carry) and len(merged) < MAX_MERGED_RANGES:
+                        c1, r1, c2, r2 = match.groups()
+                        merged.add((int(r1), _column_number(c1), int(r2), _column_number(c2)))
+                uncalculated += sum(
+                    1 for m in _UNCALCULATED_RE.finditer(text) if m.end() > len(carry)
+                )
+                carry = text[-_XML_OVERLAP:]
     except (AttributeError, OSError, zipfile.BadZipFile, KeyError) as exc:
-        logger.info("could not read the merged cells of sheet %r: %s", ws.title, exc)
-        return []
-    return sorted(set(ranges))
+        logger.info("could not read sheet %r's XML: %s", getattr(ws, "title", "?"), exc)
+        return _SheetFacts([], 0)
+    return _SheetFacts(sorted(merged), uncalculated)
 
 
 def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> bytes:
@@ -3108,7 +3126,8 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
     if hasattr(ws, "reset_dimensions"):
         ws.reset_dimensions()  # the file's own dimension tag may be wrong (or hostile)
     starts: dict[int, list[tuple[int, int, int]]] = {}
-    merged = _merged_ranges(ws)
+    facts = _sheet_facts(ws)
+    merged = facts.merged
     for r1, c1, r2, c2 in merged:
         starts.setdefault(r1, []).append((c1, c2, r2))
     active: list[tuple[int, int, int, Any]] = []  # (first column, last, last row, value)
@@ -3152,6 +3171,16 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
                 message=f"{len(merged)} merged cell range(s): each one's value was repeated "
                 "into every cell it covers",
                 details={"ranges": len(merged)},
+            )
+        )
+    if facts.uncalculated:
+        warnings.append(
+            Warning(
+                kind="uncalculated_formulas",
+                message=f"{facts.uncalculated} formula cell(s) were saved without a value "
+                "(the workbook was written by a program that does not calculate): they read "
+                "as empty; open and save it in a spreadsheet program to have them calculated",
+                details={"cells": facts.uncalculated},
             )
         )
     if errors:

@@ -293,3 +293,37 @@ def test_a_category_merged_down_its_rows_labels_each_of_them(
         "Region": ["North", "South"],
         "s": [6, 9],
     }
+
+
+def test_formulas_saved_without_values_are_named_not_silently_empty(
+    ctx: ToolContext, files: Path
+) -> None:
+    """A workbook a script wrote (openpyxl, like most libraries, does not calculate): its
+    formula cells have no saved value and read as empty."""
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["price", "qty", "total"])
+    sheet.append([2.5, 4, "=A2*B2"])
+    sheet.append([1.0, 3, "=A3*B3"])
+    book.save(files / "scripted.xlsx")
+
+    ok = ok_of(load_dataset({"path": "scripted.xlsx"}, ctx))
+
+    assert warning_of(ok, "uncalculated_formulas").details == {"cells": 2}
+    assert ctx.load_dataset("scripted")["total"].isna().all()
+
+
+@pytest.mark.parametrize(
+    ("xml", "found"),
+    [
+        (b'<c r="C2"><f>A2*B2</f></c>', 1),
+        (b'<c r="C2"><f>A2*B2</f><v /></c>', 1),  # as openpyxl writes it
+        (b'<c r="C2"><f>A2*B2</f><v></v></c>', 1),
+        (b'<c r="C2"><f>A2*B2</f><v>10</v></c>', 0),  # calculated: read as its value
+        (b'<x:c r="C2"><x:f t="shared" si="0"/></x:c>', 1),
+        (b'<c r="C2"><v>3</v></c>', 0),
+    ],
+)
+def test_uncalculated_formula_cells_are_recognised_in_the_sheet_xml(xml: bytes, found: int) -> None:
+    assert len(analysis._UNCALCULATED_RE.findall(xml)) == found
