@@ -3323,7 +3323,11 @@ def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning
     size = os.fstat(opened.fileno()).st_size
     largest = max(JSON_MIN_OBJECT_BYTES, min(limit if compression != "none" else size + 1, limit))
     memory = JSON_MEMORY_FACTOR * largest + (256 << 20)
-    con = duckdb.connect(config={"memory_limit": f"{memory >> 20}MB", "threads": 1})
+    # No spilling to disk either (see DUCKDB_CONFIG): over the memory limit is DatasetTooLarge.
+    con = duckdb.connect(
+        ":memory:",
+        config={"memory_limit": f"{memory >> 20}MB", "threads": 1, "temp_directory": ""},
+    )
     batches: list[pa.RecordBatch] = []
     watchdog = _Watchdog(con, QUERY_TIMEOUT_CAP_S)  # a cancelled call interrupts the read
     try:
