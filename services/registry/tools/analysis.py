@@ -1978,17 +1978,18 @@ def _encoding_warning(encoding: str, warnings: list[Warning]) -> None:
 _YEAR_RE = re.compile(r"(?:18|19|20)\d\d")
 
 
-def _header_like(cells: list[Any], grouped: list[bool]) -> bool:
+def _header_like(cells: list[Any], grouped: list[bool], tops: list[str]) -> bool:
     """Whether a row's cells could be a header's second row: two labels or more, all under
-    grouped columns (see _two_row_header), nothing under the others."""
+    grouped columns (see _two_row_header), nothing under the others but their own name again
+    (a header cell merged down both rows)."""
     labels = 0
-    for cell, in_group in zip(cells, grouped, strict=True):
+    for cell, in_group, top in zip(cells, grouped, tops, strict=True):
         if cell is None or cell is pd.NA or cell != cell:  # missing (NaN)
             continue
         if isinstance(cell, float) and cell.is_integer():
             cell = int(cell)  # a year pandas read as a number
         shown = str(cell).strip()
-        if not shown:
+        if not shown or (not in_group and shown == top):
             continue
         if not in_group or not _is_label(shown):
             return False
@@ -2030,13 +2031,13 @@ def _two_row_header(
         for i, top in enumerate(tops)
     ]
     # Decided on the row as read first: the file is read again (as text) only for a candidate.
-    if not _header_like(df.iloc[0].tolist(), grouped):
+    if not _header_like(df.iloc[0].tolist(), grouped, tops):
         return None
     text = read_as_text(list(range(df.shape[1])))
     if text.shape != df.shape:
         return None
     first = text.iloc[0]
-    if not _header_like(first.tolist(), grouped):
+    if not _header_like(first.tolist(), grouped, tops):
         return None
     below = text.iloc[1:]
     numeric = False
@@ -2059,6 +2060,8 @@ def _two_row_header(
             top = group  # a merged group label covers the blank cells after it
         sub = first.iloc[position]
         sub = sub.strip() if isinstance(sub, str) else ""
+        if sub == top:
+            sub = ""  # a header cell merged down both rows
         joined.append(" ".join(part for part in (top, sub) if part) or f"column_{position + 1}")
     rows = below.copy()
     rows.columns = pd.Index(range(rows.shape[1]))

@@ -327,3 +327,30 @@ def test_formulas_saved_without_values_are_named_not_silently_empty(
 )
 def test_uncalculated_formula_cells_are_recognised_in_the_sheet_xml(xml: bytes, found: int) -> None:
     assert len(analysis._UNCALCULATED_RE.findall(xml)) == found
+
+
+def test_a_row_label_header_merged_down_both_header_rows_is_one_column(
+    ctx: ToolContext, files: Path
+) -> None:
+    book = openpyxl.Workbook()
+    sheet = book.active
+    assert sheet is not None
+    sheet.append(["Country", "Population", None, "GDP", None])
+    sheet.append([None, 2022, 2023, 2022, 2023])
+    sheet.merge_cells("A1:A2")  # "Country" spans both header rows
+    sheet.merge_cells("B1:C1")
+    sheet.merge_cells("D1:E1")
+    sheet.append(["Norway", 5.46, 5.52, 579, 485])
+    sheet.append(["Chile", 19.6, 19.63, 301, 335])
+    book.save(files / "countries.xlsx")
+
+    ok = ok_of(load_dataset({"path": "countries.xlsx"}, ctx))
+
+    assert warning_of(ok, "header_rows").details["columns"] == [
+        "Country",
+        "Population 2022",
+        "Population 2023",
+        "GDP 2022",
+        "GDP 2023",
+    ]
+    assert ctx.load_dataset("countries")["Country"].tolist() == ["Norway", "Chile"]
