@@ -22,7 +22,8 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "load_dataset",
         "description": (
-            "Load a CSV, Parquet, Excel (.xlsx) or JSON file from the platform's data directories "
+            "Load a CSV, Parquet, Excel (.xlsx), OpenDocument (.ods) or JSON file from the "
+            "platform's data directories "
             "into a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
@@ -57,7 +58,7 @@ TOOLS: list[dict[str, Any]] = [
                     "default": "auto",
                     "description": (
                         "File format; 'auto' (default) decides from the extension (.csv, .tsv, "
-                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm, or "
+                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm/.ods, or "
                         ".json/.jsonl/.ndjson)."
                     ),
                 },

@@ -31,7 +31,7 @@ import time
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -103,6 +103,9 @@ MIN_SUGGESTION_SCORE = 0.3
 CSV_SUFFIXES = frozenset({".csv", ".tsv", ".txt"})
 PARQUET_SUFFIXES = frozenset({".parquet", ".pq"})
 EXCEL_SUFFIXES = frozenset({".xlsx", ".xlsm"})
+ODS_SUFFIXES = frozenset({".ods"})
+# Read as spreadsheets (format "excel"): workbooks with openpyxl, OpenDocument with calamine.
+SPREADSHEET_SUFFIXES = EXCEL_SUFFIXES | ODS_SUFFIXES
 JSON_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson"})
 # The compressions DuckDB's JSON reader decompresses (a path in /proc has no extension to say).
 JSON_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
@@ -609,7 +612,7 @@ def _file_stem(path: Path) -> str:
     for suffix in reversed(path.suffixes):
         low = suffix.lower()
         # A workbook's suffix only as the last one: workbooks are not read compressed.
-        workbook = low in EXCEL_SUFFIXES and name == path.name
+        workbook = low in SPREADSHEET_SUFFIXES and name == path.name
         known = low in CSV_SUFFIXES or low in PARQUET_SUFFIXES or low in JSON_SUFFIXES
         if low in COMPRESSION_SUFFIXES or known or workbook:
             name = name[: -len(suffix)]
@@ -620,7 +623,7 @@ def _file_stem(path: Path) -> str:
 
 def _supported(path: Path) -> bool:
     suffixes = _format_suffixes(path)
-    if path.suffix.lower() in EXCEL_SUFFIXES:
+    if path.suffix.lower() in SPREADSHEET_SUFFIXES:
         return True
     last = suffixes[-1] if suffixes else ""
     return last in CSV_SUFFIXES or last in PARQUET_SUFFIXES or last in JSON_SUFFIXES
@@ -675,7 +678,7 @@ def _file_alternatives(raw: str, roots: Sequence[Path]) -> list[Alternative]:
 
 SUPPORTED_FORMATS = (
     "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
-    "one-file .zip), Parquet (.parquet, .pq), Excel workbooks (.xlsx, .xlsm) and JSON (.json: "
+    "one-file .zip), Parquet (.parquet, .pq), spreadsheets (.xlsx, .xlsm, .ods) and JSON (.json: "
     "an array of records, or a document holding one; .jsonl/.ndjson: a record per line; also "
     ".gz or .zst)"
 )
@@ -686,7 +689,6 @@ _JSON_ADVICE = "pass format='json' to read it as JSON"
 _UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
     ".xlsb": ("an Excel binary workbook", _EXCEL_ADVICE),
     ".xls": ("an Excel 97-2003 workbook", _EXCEL_ADVICE),
-    ".ods": ("an OpenDocument spreadsheet", _EXCEL_ADVICE),
     ".geojson": ("GeoJSON", _CONVERT_ADVICE),
     ".feather": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
     ".arrow": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
@@ -774,7 +776,7 @@ def _detect_format(
     suffixes = _format_suffixes(path)
     last = suffixes[-1] if suffixes else ""
     if requested != "excel" and _is_xlsx(opened):
-        if requested != "auto" or path.suffix.lower() not in EXCEL_SUFFIXES:
+        if requested != "auto" or path.suffix.lower() not in SPREADSHEET_SUFFIXES:
             said = f"format={requested!r}" if requested != "auto" else f"its name ({path.name!r})"
             warnings.append(
                 Warning(
@@ -784,7 +786,7 @@ def _detect_format(
                 )
             )
         return "excel"
-    if requested == "excel" or path.suffix.lower() in EXCEL_SUFFIXES:
+    if requested == "excel" or path.suffix.lower() in SPREADSHEET_SUFFIXES:
         return "excel"
     if requested == "json" or (requested == "auto" and last in JSON_SUFFIXES):
         return "json"
@@ -3219,6 +3221,62 @@ def _with_merges(
     return values
 
 
+class _CalamineSheet:
+    """A sheet of python-calamine's as the spreadsheet reading expects one of openpyxl's
+    read-only sheets to be (title, visibility, rows of values)."""
+
+    def __init__(self, book: Any, index: int, title: str, visible: bool) -> None:
+        self._book = book
+        self._index = index
+        self.title = title
+        self.sheet_state = "visible" if visible else "hidden"
+
+    def iter_rows(self, max_row: int | None = None, values_only: bool = True) -> Iterator[Any]:
+        rows = self._book.get_sheet_by_index(self._index).iter_rows()
+        return itertools.islice(rows, max_row) if max_row is not None else iter(rows)
+
+
+@dataclass
+class _CalamineBook:
+    worksheets: list[_CalamineSheet]
+
+
+def _read_ods(
+    opened: IO[bytes],
+    path: Path,
+    sheet: str | None,
+    header: bool | None,
+    limit: int,
+    warnings: list[Warning],
+) -> pd.DataFrame:
+    """An OpenDocument spreadsheet's sheet as a DataFrame, read with python-calamine (its XML
+    parser expands no entities) and then as its CSV export, as a workbook is (see
+    _read_excel)."""
+    from python_calamine import CalamineWorkbook
+
+    try:
+        book = CalamineWorkbook.from_filelike(opened)
+        sheets = [
+            _CalamineSheet(book, index, str(meta.name), "Visible" in str(meta.visible))
+            for index, meta in enumerate(book.sheets_metadata)
+        ]
+        ws = _chosen_sheet(_CalamineBook(sheets), sheet, path, warnings)
+        text = _sheet_as_csv(ws, path, limit, warnings)
+    except (DatasetTooLarge, HintException, CallCancelled):
+        raise
+    except Exception as exc:  # calamine's errors: a corrupt or foreign file
+        raise HintException(
+            "schema",
+            f"could not read {path.name!r} as an OpenDocument spreadsheet: "
+            f"{type(exc).__name__}: {_first_lines(exc)}",
+        ) from exc
+    if not text.strip():
+        raise HintException("schema", f"sheet {ws.title!r} of {path.name!r} is empty")
+    return _read_csv(
+        io.BytesIO(text), Path(f"{path.name} [{ws.title}]"), ",", header, limit, warnings
+    )
+
+
 def _read_excel(
     opened: IO[bytes],
     path: Path,
@@ -3233,6 +3291,8 @@ def _read_excel(
     import openpyxl  # imported when a workbook is read: most registries never read one
 
     _check_workbook_archive(opened, path, limit)
+    if path.suffix.lower() in ODS_SUFFIXES:
+        return _read_ods(opened, path, sheet, header, limit, warnings)
     try:
         book = openpyxl.load_workbook(opened, read_only=True, data_only=True)
     except (zipfile.BadZipFile, KeyError, OSError, ValueError, TypeError, EOFError) as exc:

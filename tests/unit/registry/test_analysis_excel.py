@@ -354,3 +354,113 @@ def test_a_row_label_header_merged_down_both_header_rows_is_one_column(
         "GDP 2023",
     ]
     assert ctx.load_dataset("countries")["Country"].tolist() == ["Norway", "Chile"]
+
+
+# --------------------------------------------------------------------------------------------
+# OpenDocument spreadsheets (.ods), written by hand: no library here writes them
+
+ODS_NS = (
+    'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+    'xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0" '
+    'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"'
+)
+
+
+def ods_cell(value: object) -> str:
+    if value is None:
+        return "<table:table-cell/>"
+    if isinstance(value, datetime.date):
+        return (
+            f'<table:table-cell office:value-type="date" office:date-value="{value.isoformat()}">'
+            f"<text:p>{value}</text:p></table:table-cell>"
+        )
+    if isinstance(value, (int, float)):
+        return (
+            f'<table:table-cell office:value-type="float" office:value="{value}">'
+            f"<text:p>{value}</text:p></table:table-cell>"
+        )
+    return (
+        f'<table:table-cell office:value-type="string"><text:p>{value}</text:p></table:table-cell>'
+    )
+
+
+def ods_bytes(sheets: dict[str, list[list[object]]], doctype: str = "") -> bytes:
+    tables = "".join(
+        f'<table:table table:name="{name}">'
+        + "".join(
+            "<table:table-row>" + "".join(ods_cell(v) for v in row) + "</table:table-row>"
+            for row in rows
+        )
+        + "</table:table>"
+        for name, rows in sheets.items()
+    )
+    content = (
+        f'<?xml version="1.0" encoding="UTF-8"?>{doctype}<office:document-content {ODS_NS} '
+        f'office:version="1.2"><office:body><office:spreadsheet>{tables}'
+        "</office:spreadsheet></office:body></office:document-content>"
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr(
+            zipfile.ZipInfo("mimetype"), "application/vnd.oasis.opendocument.spreadsheet"
+        )
+        archive.writestr("content.xml", content)
+        archive.writestr(
+            "META-INF/manifest.xml",
+            '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest xmlns:manifest='
+            '"urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+            '<manifest:file-entry manifest:full-path="/" manifest:media-type='
+            '"application/vnd.oasis.opendocument.spreadsheet"/><manifest:file-entry '
+            'manifest:full-path="content.xml" manifest:media-type="text/xml"/></manifest:manifest>',
+        )
+    return buffer.getvalue()
+
+
+def test_an_opendocument_spreadsheet_loads_like_a_workbook(ctx: ToolContext, files: Path) -> None:
+    """As UK government statistics are published: a cover sheet, then the table under a
+    title."""
+    (files / "stats.ods").write_bytes(
+        ods_bytes(
+            {
+                "Cover": [["Statistics release"], ["Contact: stats@example.org"]],
+                "Table_1": [
+                    ["Table 1: Visits"],
+                    [],
+                    ["Region", "Opened", "Visits"],
+                    ["North", datetime.date(2024, 1, 5), 1200],
+                    ["South", datetime.date(2024, 2, 10), 2400.5],
+                ],
+            }
+        )
+    )
+
+    ok = ok_of(load_dataset({"path": "stats.ods"}, ctx))
+
+    assert warning_of(ok, "sheets").details == {"sheet": "Table_1", "others": ["Cover"]}
+    stored = ctx.load_dataset("stats")
+    assert list(stored.columns) == ["Region", "Opened", "Visits"]
+    assert stored["Opened"].tolist() == [pd.Timestamp("2024-01-05"), pd.Timestamp("2024-02-10")]
+    assert stored["Visits"].tolist() == [1200.0, 2400.5]
+    cover = ok_of(load_dataset({"path": "stats.ods", "sheet": "cover", "name": "cover"}, ctx))
+    assert cover.rows >= 1
+
+
+def test_an_opendocument_spreadsheet_expands_no_entities_and_a_broken_one_is_a_hint(
+    ctx: ToolContext, files: Path
+) -> None:
+    laughs = (
+        '<!DOCTYPE office:document-content [<!ENTITY lol "lol">'
+        '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">]>'
+    )
+    data = ods_bytes({"S": [["a", "b"], ["&lol2;", 1]]}, doctype=laughs)
+    (files / "laughs.ods").write_bytes(data)
+    (files / "broken.ods").write_bytes(b"PK\x03\x04 not a spreadsheet")
+
+    try:
+        loaded = ok_of(load_dataset({"path": "laughs.ods"}, ctx))
+    except HintException as refused:
+        assert "could not read 'laughs.ods'" in refused.message
+    else:
+        assert "lollol" not in str(ctx.load_dataset("laughs").to_dict()), loaded
+    with pytest.raises(HintException, match=r"could not read 'broken\.ods'"):
+        load_dataset({"path": "broken.ods"}, ctx)
