@@ -2761,7 +2761,7 @@ def _total_row_warning(df: pd.DataFrame, warnings: list[Warning]) -> None:
             continue
         column, text = label
         where = "last" if row == df.shape[0] - 1 else "first"
-        literal = "'" + text.replace("'", "''") + "'"
+        literal = _sql_literal(text)
         warnings.append(
             Warning(
                 kind="total_row",
@@ -3740,6 +3740,29 @@ def _sql_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _sql_literal(text: str) -> str:
+    """`text` as a SQL string literal (single quotes, doubled inside)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _retry_with(sql: str) -> list[dict[str, Any]]:
+    """A Hint's one alternative: this SQL, to send instead."""
+    return [{"label": clip(sql, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}]
+
+
+def _quote_names_hint(message: str, fix: tuple[list[str], str], why: str) -> HintException:
+    """DuckDB's `message`, and the SQL with the column names `fix` found (which `why`)
+    written in double quotes."""
+    names, rewritten = fix
+    which = ", ".join(repr(n) for n in names)
+    return HintException(
+        "schema",
+        f"{message}\ncolumn name(s) {which} {why}: write them in double quotes, as in the "
+        "alternative",
+        _retry_with(rewritten),
+    )
+
+
 def _quote_words(sql: str, names: Sequence[str]) -> str:
     """`sql` with every bare occurrence of `names` (case-insensitive words outside strings,
     quoted identifiers and comments) written as a quoted identifier."""
@@ -3813,21 +3836,11 @@ def _constant(text: str, _match: re.Match[str]) -> str:
     return text
 
 
-def _spaced_names_hint(message: str, fix: tuple[list[str], str]) -> HintException:
-    names, rewritten = fix
-    which = ", ".join(repr(n) for n in names)
-    return HintException(
-        "schema",
-        f"{message}\ncolumn name(s) {which} hold spaces or symbols: write them in double "
-        "quotes, as in the alternative",
-        [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
-    )
-
-
 # A column name SQL reads unquoted (see _spaced_names_fix); and how many of the others are
 # tried.
 _PLAIN_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_SPACED_NAMES = 50
+SPACED_NAMES = "hold spaces or symbols"
 
 
 def _reserved_column_fix(
@@ -3904,7 +3917,7 @@ def _row_limit_hint(message: str, con: duckdb.DuckDBPyConnection, sql: str) -> H
     return HintException(
         "schema",
         f"{message}\nquery runs DuckDB SQL: {said}, as in the alternative",
-        [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
+        _retry_with(rewritten),
     )
 
 
@@ -3922,19 +3935,12 @@ def _check_read_only(
         if limited is not None:
             raise limited from exc
         fix = _reserved_column_fix(con, sql, infos)
-        if fix is None:
-            spaced = _spaced_names_fix(con, sql, infos, bind=False)
-            if spaced is not None:
-                raise _spaced_names_hint(message, spaced) from exc
-            raise HintException("schema", message) from exc
-        names, rewritten = fix
-        which = ", ".join(repr(n) for n in names)
-        raise HintException(
-            "schema",
-            f"{message}\ncolumn name(s) {which} are reserved SQL words: write them in double "
-            "quotes, as in the alternative",
-            [{"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}],
-        ) from exc
+        if fix is not None:
+            raise _quote_names_hint(message, fix, "are reserved SQL words") from exc
+        spaced = _spaced_names_fix(con, sql, infos, bind=False)
+        if spaced is not None:
+            raise _quote_names_hint(message, spaced, SPACED_NAMES) from exc
+        raise HintException("schema", message) from exc
     if not statements:
         raise HintException("schema", "sql contains no statement")
     if len(statements) > 1:
@@ -4242,14 +4248,12 @@ def _foreign_function_hint(
         f"{_first_lines(exc).splitlines()[0]}\n{name}() is another SQL dialect's; query runs "
         f"DuckDB SQL, where it is: {instead}"
     )
-    alternatives = []
+    alternatives: list[dict[str, Any]] = []
     if renamed is not None:
         rewritten = _renamed_calls(sql, name, renamed)
         if rewritten != sql and _binds(con, rewritten):
             message += " (as in the alternative)"
-            alternatives.append(
-                {"label": clip(rewritten, MAX_MESSAGE_CHARS), "score": 1.0, "action": "retry"}
-            )
+            alternatives = _retry_with(rewritten)
     return HintException("schema", message, alternatives)
 
 
@@ -4290,8 +4294,7 @@ def _quoted_as_text(sql: str, name: str) -> str | None:
     `>`, LIKE, THEN or ELSE, or in an IN list); None when it is nowhere so. Elsewhere
     (`SELECT "nmae"`) a double-quoted word that names no column is a misspelt column more
     often than text."""
-    quoted = _sql_identifier(name)
-    literal = "'" + name.replace("'", "''") + "'"
+    quoted, literal = _sql_identifier(name), _sql_literal(name)
     parts, last, previous = [], 0, ""
     in_list: list[bool] = []  # per open parenthesis: whether it opened an IN list
     for token in _SQL_TOKEN_RE.finditer(sql):
@@ -4355,23 +4358,18 @@ def _binder_hint(
             name = match.group("name")
             spaced = _spaced_names_fix(con, sql, infos, bind=True) if con is not None else None
             if spaced is not None:
-                return _spaced_names_hint(f"no column {name!r}: {_first_lines(exc)}", spaced)
+                said = f"no column {name!r}: {_first_lines(exc)}"
+                return _quote_names_hint(said, spaced, SPACED_NAMES)
             fix = _quoted_text_fix(con, sql, name) if con is not None else None
             if fix is not None:
                 texts, rewritten = fix
-                literals = ", ".join("'" + text.replace("'", "''") + "'" for text in texts)
+                literals = ", ".join(_sql_literal(text) for text in texts)
                 return HintException(
                     "schema",
                     f"no column {name!r}: {_first_lines(exc)}\nin SQL a word in double quotes "
                     f"is a column name; a text value goes in single quotes: {literals}, as in "
                     "the alternative",
-                    [
-                        {
-                            "label": clip(rewritten, MAX_MESSAGE_CHARS),
-                            "score": 1.0,
-                            "action": "retry",
-                        }
-                    ],
+                    _retry_with(rewritten),
                 )
             return HintException(
                 "schema",
@@ -4655,7 +4653,7 @@ def _set_time_zone(
     tried = [zone, f"UTC{zone}"] if zone[:1] in "+-" else [zone]
     for name in tried:
         try:
-            con.execute("SET TimeZone = '" + name.replace("'", "''") + "'")
+            con.execute("SET TimeZone = " + _sql_literal(name))
             break
         except duckdb.Error:
             continue
