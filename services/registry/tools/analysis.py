@@ -2240,30 +2240,25 @@ def _numbers_with_units(
     units: dict[str, str] = {}
     negatives: list[str] = []
     number_re = _COMMA_NUMBER_RE if decimal_comma else _POINT_NUMBER_RE
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not _all_text(values):
-            continue
+
+    def rule(col: pd.Series, values: pd.Series) -> Any:
         if not _sample(values).str.strip().str.fullmatch(_WITH_UNIT_PATTERN, flags=re.I).all():
-            continue  # most text columns: decided on their first values
+            return None  # most text columns: decided on their first values
         text = values.str.strip()
         if not text.str.fullmatch(_WITH_UNIT_PATTERN, flags=re.I).all():
-            continue
+            return None
         # Vectorised string passes, not a regex extract: several times faster on a big file.
         signs = text.str.replace(r"[\d\s.,()+\-−]", "", regex=True).str.upper()
         opened = text.str.startswith("(")
         if signs[signs.ne("")].nunique() > 1 or not (signs.ne("") | opened).any():
-            continue  # plain numbers are for the other rules; two units are not one column
+            return None  # plain numbers are for the other rules; two units are not one column
         if (opened != text.str.endswith(")")).any() or text.str.count(r"[\-−]").gt(1).any():
-            continue  # "(5", "-$-3"
+            return None  # "(5", "-$-3"
         if signs.eq("").all() and opened.all():
-            continue  # "(1)", "(2)": references more often than a column of only debits
+            return None  # "(1)", "(2)": references more often than a column of only debits
         number = text.str.replace(r"[^\d.,]", "", regex=True)
         if not number.str.fullmatch(number_re).all():
-            continue
+            return None
         if decimal_comma:
             number = number.str.replace(".", "", regex=False).str.replace(",", ".", regex=False)
         else:
@@ -2271,7 +2266,7 @@ def _numbers_with_units(
         try:
             read = pd.to_numeric(number)
         except (ValueError, TypeError):
-            continue
+            return None
         negative = text.str.contains(r"[\-−]") | opened
         read = read.where(~negative, -read)
         column: pd.Series[Any] = pd.Series(float("nan"), index=col.index, dtype="float64")
@@ -2280,12 +2275,14 @@ def _numbers_with_units(
         if (kept % 1 == 0).all() and kept.abs().le(MAX_EXACT_FLOAT_INTEGER).all():
             # Whole numbers stay integers (nullable where there are blanks).
             column = column.astype("int64" if len(kept) == len(column) else "Int64")
-        df.isetitem(position, column.array)
-        name = str(df.columns[position])
+        name = str(col.name)
         unit = signs[signs.ne("")].iloc[0] if signs.ne("").any() else ""
         units[name] = "percent" if unit == "%" else unit
         if opened.any():
             negatives.append(name)
+        return column.array
+
+    df = _convert_object_columns(df, _is_text, rule, warnings)
     if units:
         listed = ", ".join(f"{name} ({unit})" if unit else name for name, unit in units.items())
         message = f"numbers written with a unit were read as numbers in: {listed}"
@@ -2923,27 +2920,24 @@ def _parse_written_dates(df: pd.DataFrame, warnings: list[Warning]) -> pd.DataFr
     tells stays text, with a warning giving the SQL that reads it either way."""
     read: dict[str, str] = {}
     unclear: dict[str, str] = {}
-    for position in range(df.shape[1]):
-        col = df.iloc[:, position]
-        if not (pd.api.types.is_string_dtype(col.dtype) or col.dtype == object):
-            continue
-        values = col.dropna()
-        if values.empty or not _all_text(values):
-            continue
+
+    def rule(col: pd.Series, values: pd.Series) -> Any:
         dates = _written_dates(values)
         if dates is None:
-            continue
-        name = str(df.columns[position])
+            return None
+        name = str(col.name)
         if dates.values is None:
             day_first, month_first = (
                 f"strptime({_sql_identifier(name)}, {form})" for form in dates.formats
             )
             unclear[name] = f"{day_first} (day first) or {month_first} (month first)"
-            continue
+            return None
         column = pd.Series(pd.NaT, index=col.index, dtype=dates.values.dtype)
         column.loc[values.index] = dates.values
-        df.isetitem(position, column.to_numpy())
         read[name] = dates.order
+        return column.to_numpy()
+
+    df = _convert_object_columns(df, _is_text, rule, warnings)
     if read:
         listed = ", ".join(f"{name} ({order})" for name, order in read.items())
         warnings.append(
