@@ -23,8 +23,7 @@ TOOLS: list[dict[str, Any]] = [
         "name": "load_dataset",
         "description": (
             "Load a CSV, Parquet, Excel (.xlsx), OpenDocument (.ods) or JSON file from the "
-            "platform's data directories "
-            "into a named table "
+            "platform's data directories into a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
             "after the file (lowercased, non [a-z0-9_] characters replaced by _, e.g. "
@@ -68,9 +67,9 @@ TOOLS: list[dict[str, Any]] = [
                     "maxLength": 100,
                     "minimum": 1,
                     "description": (
-                        "Excel: the sheet to load, by name or 1-based position (2). Omitted: "
-                        "the first sheet with data (the others are named in a warning). "
-                        "Ignored for CSV and Parquet."
+                        "Spreadsheets (.xlsx, .ods): the sheet to load, by name or 1-based "
+                        "position (2). Omitted: the first sheet with data (the others are named "
+                        "in a warning). Ignored for CSV, Parquet and JSON."
                     ),
                 },
                 "delimiter": {

@@ -1880,12 +1880,9 @@ def _read_csv(
                     )
                 )
                 _encoding_warning(encoding, warnings)
-                out = io.StringIO()
-                writer = csv.writer(out, lineterminator="\n")
-                writer.writerow(names)
-                for record in rows.itertuples(index=False):
-                    writer.writerow(["" if not isinstance(v, str) else v for v in record])
-                rebuilt = io.BytesIO(out.getvalue().encode("utf-8"))
+                records = rows.itertuples(index=False)
+                texts = (["" if not isinstance(v, str) else v for v in r] for r in records)
+                rebuilt = io.BytesIO(_csv_bytes(itertools.chain([names], texts)))
                 # (Named without a compression suffix: what is read again is plain text.)
                 plain = path.with_name(_file_stem(path)) if _compression_suffix(path) else path
                 return _read_csv(rebuilt, plain, ",", True, limit, warnings)
@@ -1966,6 +1963,13 @@ def _read_csv(
         _total_row_warning(df, warnings)
     _encoding_warning(encoding, warnings)
     return df
+
+
+def _csv_bytes(rows: Iterable[Sequence[str]]) -> bytes:
+    """`rows` as UTF-8 CSV text, to be read again by _read_csv."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue().encode("utf-8")
 
 
 def _encoding_warning(encoding: str, warnings: list[Warning]) -> None:
@@ -3159,10 +3163,7 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
         size += sum(len(cell) + 1 for cell in cells)
         if size > limit:
             raise _too_large(path.name, f"over {limit} bytes of cells", limit)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for cells in rows:
-        writer.writerow(cells + [""] * (width - len(cells)) if cells else [])
+    text = _csv_bytes(cells + [""] * (width - len(cells)) if cells else [] for cells in rows)
     if merged:
         warnings.append(
             Warning(
@@ -3191,7 +3192,7 @@ def _sheet_as_csv(ws: Any, path: Path, limit: int, warnings: list[Warning]) -> b
                 details={"errors": errors},
             )
         )
-    return out.getvalue().encode("utf-8")
+    return text
 
 
 def _with_merges(
@@ -3264,11 +3265,17 @@ def _read_ods(
             f"could not read {path.name!r} as an OpenDocument spreadsheet: "
             f"{type(exc).__name__}: {_first_lines(exc)}",
         ) from exc
+    return _sheet_frame(text, path, ws.title, header, limit, warnings)
+
+
+def _sheet_frame(
+    text: bytes, path: Path, title: str, header: bool | None, limit: int, warnings: list[Warning]
+) -> pd.DataFrame:
+    """A sheet written as CSV (see _sheet_as_csv), read as any CSV is."""
     if not text.strip():
-        raise HintException("schema", f"sheet {ws.title!r} of {path.name!r} is empty")
-    return _read_csv(
-        io.BytesIO(text), Path(f"{path.name} [{ws.title}]"), ",", header, limit, warnings
-    )
+        raise HintException("schema", f"sheet {title!r} of {path.name!r} is empty")
+    shown = Path(f"{path.name} [{title}]")
+    return _read_csv(io.BytesIO(text), shown, ",", header, limit, warnings)
 
 
 def _read_excel(
@@ -3282,11 +3289,11 @@ def _read_excel(
     """A worksheet of the workbook as a DataFrame: its cells' values (formulas as last
     calculated) written as CSV, then read as any CSV is — the notes above and below a table,
     a total row, the types of its text — so a workbook and its CSV export load alike."""
-    import openpyxl  # imported when a workbook is read: most registries never read one
-
     _check_workbook_archive(opened, path, limit)
     if path.suffix.lower() in ODS_SUFFIXES:
         return _read_ods(opened, path, sheet, header, limit, warnings)
+    import openpyxl  # imported when a workbook is read: most registries never read one
+
     try:
         book = openpyxl.load_workbook(opened, read_only=True, data_only=True)
     except (zipfile.BadZipFile, KeyError, OSError, ValueError, TypeError, EOFError) as exc:
@@ -3317,10 +3324,7 @@ def _read_excel(
         title = str(ws.title)
     finally:
         book.close()
-    if not text.strip():
-        raise HintException("schema", f"sheet {title!r} of {path.name!r} is empty")
-    shown = Path(f"{path.name} [{title}]")
-    return _read_csv(io.BytesIO(text), shown, ",", header, limit, warnings)
+    return _sheet_frame(text, path, title, header, limit, warnings)
 
 
 # --------------------------------------------------------------------------------------------
