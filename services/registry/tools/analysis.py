@@ -3389,7 +3389,6 @@ def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning
         ":memory:",
         config={"memory_limit": f"{memory >> 20}MB", "threads": 1, "temp_directory": ""},
     )
-    batches: list[pa.RecordBatch] = []
     watchdog = _Watchdog(con, QUERY_TIMEOUT_CAP_S)  # a cancelled call interrupts the read
     try:
         with watchdog:
@@ -3398,12 +3397,7 @@ def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning
                 params=[shown, compression, largest],
             )
             reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)
-            read = 0
-            for batch in reader:
-                read += batch.nbytes
-                if read > limit:
-                    raise _too_large(path.name, f"more than {read} bytes read", limit)
-                batches.append(batch)
+            batches = _batches_within(reader, path.name, limit, "read")
             table = pa.Table.from_batches(batches, schema=reader.schema)
     except duckdb.InterruptException as exc:
         if watchdog.cancelled:
@@ -3434,6 +3428,21 @@ def _read_json(opened: IO[bytes], path: Path, limit: int, warnings: list[Warning
     return _arrow_to_pandas(table, warnings)
 
 
+def _batches_within(
+    batches: Iterable[pa.RecordBatch], name: str, limit: int, done: str
+) -> list[pa.RecordBatch]:
+    """The record batches a reader gives, DatasetTooLarge as soon as they pass `limit` bytes
+    (`done`: what the reader did to make them, for the message)."""
+    kept: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        size += batch.nbytes
+        if size > limit:
+            raise _too_large(name, f"more than {size} bytes {done}", limit)
+        kept.append(batch)
+    return kept
+
+
 def _read_parquet(
     opened: IO[bytes], path: Path, limit: int, warnings: list[Warning]
 ) -> pd.DataFrame:
@@ -3445,13 +3454,9 @@ def _read_parquet(
         estimate = _parquet_size_estimate(parquet)
         if estimate > limit:
             raise _too_large(path.name, f"about {estimate} bytes decoded", limit)
-        batches: list[pa.RecordBatch] = []
-        size = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            size += batch.nbytes
-            if size > limit:
-                raise _too_large(path.name, f"more than {size} bytes decoded", limit)
-            batches.append(batch)
+        batches = _batches_within(
+            parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS), path.name, limit, "decoded"
+        )
         schema = batches[0].schema if batches else parquet.schema_arrow
         table = pa.Table.from_batches(batches, schema=schema).replace_schema_metadata(
             parquet.schema_arrow.metadata
