@@ -27,7 +27,7 @@ from services.registry.tools.analysis import DatasetTooLarge, load_dataset, quer
 from shared.contract import HintException
 
 from . import test_analysis_tools as tools
-from .test_analysis_formats import warning_of
+from .test_analysis_formats import kinds, warning_of
 
 db_url = tools.db_url
 make_store = tools.make_store
@@ -35,10 +35,6 @@ store = tools.store
 files = tools.files
 ctx = tools.ctx
 ok_of = tools.ok_of
-
-
-def kinds(ok: object) -> list[str]:
-    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
 
 
 def published_workbook(path: Path) -> None:

@@ -51,10 +51,6 @@ RECORDS = [
 ]
 
 
-def kinds(ok: object) -> list[str]:
-    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
-
-
 def test_an_array_of_records_loads_typed_with_nested_objects_as_columns(
     ctx: ToolContext, files: Path
 ) -> None:
