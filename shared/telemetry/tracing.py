@@ -186,6 +186,16 @@ class _TraceIdFilter(logging.Filter):
         return True
 
 
+class _MigrationChatterFilter(logging.Filter):
+    """Alembic's INFO lines on every start (its plugins set up, "Context impl SQLiteImpl.")
+    say nothing; the ones naming a migration it applies ("Running upgrade a -> b") stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not super().filter(record):  # not one of alembic's loggers
+            return True
+        return record.levelno > logging.INFO or record.getMessage().startswith("Running ")
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
     """Log lines on stderr carry the service and the trace id of the call they belong to."""
     handler = logging.StreamHandler(sys.stderr)
@@ -198,6 +208,8 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if root.level > logging.DEBUG:
+        handler.addFilter(_MigrationChatterFilter("alembic"))
 
 
 def span_attributes(**attrs: Any) -> dict[str, Any]:
