@@ -251,6 +251,10 @@ class Settings:
                         of it has not answered within this long (a frozen server or host),
                         instead of holding it until its deadline. A write that times out may
                         still land once the database answers.
+    replay_window_s     TOOLMESH_REPLAY_WINDOW_S, default 86400 (0 to 30 days; 0 turns replay
+                        off) — a retried call (same tool_use id, tool and input in the
+                        conversation) answered within this long is answered with its logged
+                        response instead of running the tool again (DispatchToolCall).
     llm_timeout_s       TOOLMESH_LLM_TIMEOUT_S, default 120 (1 to 3600) — the longest an LLM
                         provider may stay silent within one attempt (to connect, or between two
                         events of the streamed answer); not a bound on the answer's length.
@@ -334,6 +338,7 @@ class Settings:
     retention_days: float = 0.0
     retention_interval_s: float = 3600.0
     db_wait_s: float = DEFAULT_DB_WAIT_S
+    replay_window_s: float = 86_400.0
     llm_timeout_s: float = 120.0
     llm_deadline_s: float = 300.0
     llm_max_retries: int = 2
@@ -438,6 +443,9 @@ class Settings:
                 env, "TOOLMESH_RETENTION_INTERVAL_S", 3600.0, 0.01, 7 * 86_400
             ),
             db_wait_s=_bounded_float(env, "TOOLMESH_DB_WAIT_S", DEFAULT_DB_WAIT_S, 0.1, 3600),
+            replay_window_s=_bounded_float(
+                env, "TOOLMESH_REPLAY_WINDOW_S", 86_400.0, 0, 30 * 86_400
+            ),
             llm_timeout_s=_bounded_float(env, "TOOLMESH_LLM_TIMEOUT_S", 120.0, 1, 3600),
             llm_deadline_s=_bounded_float(env, "TOOLMESH_LLM_DEADLINE_S", 300.0, 1, 86_400),
             llm_max_retries=_bounded_int(env, "TOOLMESH_LLM_MAX_RETRIES", 2, 0, 10),

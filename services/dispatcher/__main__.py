@@ -47,6 +47,7 @@ async def serve(settings: Settings, port: int) -> None:
         data_dir=settings.data_dir,
         effects_store=effects_store,
         db_wait_s=settings.db_wait_s,
+        replay_window_s=settings.replay_window_s,
     )
     log.group_commits(core.coming_writes, settings.log_group_delay_ms / 1000)
     keys = ApiKeys.load(settings.api_keys_file) if settings.api_keys_file else None

@@ -9,6 +9,7 @@ state through the GuardrailStore seam."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -16,10 +17,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -69,6 +72,7 @@ from shared.errors import DeadlineExceeded, InvalidArgument, ToolmeshError
 from shared.lru import ExpiringCache
 from shared.telemetry.tracing import current_trace_id, span_attributes, with_call_baggage
 from shared.telemetry.usage import UsageLog
+from toolmesh.dispatcher.v1 import dispatcher_pb2 as dpb
 from toolmesh.registry.v1 import registry_pb2 as rpb
 from toolmesh.type.v1 import types_pb2 as pb
 
@@ -90,6 +94,9 @@ MAX_CAPABILITIES = 256
 # The calls of one DispatchToolCalls (one assistant turn): they run concurrently, so a batch is
 # bounded like an input is; a model emits a handful.
 MAX_BATCH_CALLS = 1024
+# How long a call's response answers a retry of it (same tool_use id, tool and input in the
+# conversation); 0 turns replay off.
+DEFAULT_REPLAY_WINDOW_S = 24 * 3600.0
 
 
 def new_tool_use_id() -> str:
@@ -130,6 +137,62 @@ class DispatchOutcome:
     warnings: list[str] = field(default_factory=list)
     # The call's effects in emission order (what replay re-applies).
     effects: list[Effect] = field(default_factory=list)
+    # The response of an earlier call with this tool_use id, tool and input (a retry).
+    replayed: bool = False
+    # The call was answered (not cancelled, no RPC error): a retry of it gets this response.
+    final: bool = False
+
+    def to_pb(self) -> dpb.DispatchToolCallResponse:
+        return dpb.DispatchToolCallResponse(
+            result=self.result,
+            duration_ms=self.duration_ms,
+            warnings=self.warnings,
+            args_hash=self.args_hash,
+            tool_use_id=self.tool_use_id,
+            replayed=self.replayed,
+        )
+
+    def replay(self) -> DispatchOutcome:
+        """This outcome as the answer to a retry of its call."""
+        result = pb.ToolResult()
+        result.CopyFrom(self.result)
+        return DispatchOutcome(
+            result=result,
+            duration_ms=self.duration_ms,
+            args_hash=self.args_hash,
+            tool_use_id=self.tool_use_id,
+            warnings=list(self.warnings),
+            replayed=True,
+            final=True,
+        )
+
+    @classmethod
+    def from_stored(cls, response: bytes) -> DispatchOutcome:
+        """A logged response, as the answer to a retry (DecodeError if it is not one)."""
+        pbr = dpb.DispatchToolCallResponse.FromString(response)
+        return cls(
+            result=pbr.result,
+            duration_ms=pbr.duration_ms,
+            args_hash=pbr.args_hash,
+            tool_use_id=pbr.tool_use_id,
+            warnings=list(pbr.warnings),
+            replayed=True,
+            final=True,
+        )
+
+
+# (tenant_id, conversation_id, tool_use_id) of a call the client named.
+AnswerKey = tuple[str, str, str]
+
+
+@dataclass
+class _Answering:
+    """A named call being answered on this replica: a retry of it that comes meanwhile waits
+    for its outcome instead of running the tool a second time."""
+
+    tool_name: str
+    args_hash: str
+    outcome: asyncio.Future[DispatchOutcome]
 
 
 def finalize_turn(outcomes: Sequence[DispatchOutcome]) -> None:
@@ -174,6 +237,28 @@ def _rpc_error_result(
         "reason": error.reason,
         "duration_ms": elapsed_ms,
     }
+
+
+def _replayed(outcome: DispatchOutcome) -> DispatchOutcome:
+    """A retry answered with an earlier call's response: said on the span and in the log."""
+    trace.get_current_span().set_attributes(
+        {"toolmesh.replayed": True, "gen_ai.tool.call.id": outcome.tool_use_id}
+    )
+    logger.info(
+        "tool_use %s answered with its earlier response (a retry): the tool did not run again",
+        outcome.tool_use_id,
+    )
+    return outcome
+
+
+def _within(created_at: datetime | None, now_s: float, window_s: float) -> bool:
+    """Whether a row written at `created_at` (UTC; naive as SQLite returns it) is at most
+    `window_s` old at `now_s`."""
+    if created_at is None:
+        return False
+    if created_at.tzinfo is None:
+        created_at = created_at.replace(tzinfo=UTC)
+    return now_s - created_at.timestamp() <= window_s
 
 
 def _outcome(
@@ -305,6 +390,8 @@ class _Plan:
     # Set by a streaming caller: resolving it stops the call (the client went away).
     stop: asyncio.Future[str] | None = None
     log_token: int = 0  # its mark in Dispatcher.coming_writes while it runs
+    # Named by the client (tool_use id, conversation): its response is logged for a retry.
+    replayable: bool = False
 
     @property
     def tool_use_id(self) -> str:
@@ -330,10 +417,14 @@ class Dispatcher:
         data_dir: Path | None = None,
         effects_store: EffectsStore | None = None,
         db_wait_s: float = DEFAULT_DB_WAIT_S,
+        replay_window_s: float = DEFAULT_REPLAY_WINDOW_S,
     ) -> None:
         """`db_wait_s`: how long a call waits for one of the guardrail store's operations
-        before it answers UNAVAILABLE (shared.db.engine.bounded_db_wait)."""
+        before it answers UNAVAILABLE (shared.db.engine.bounded_db_wait). `replay_window_s`:
+        how long a call's response answers a retry of it (0: a retry runs again)."""
         self._registry = registry
+        self._replay_window_s = replay_window_s
+        self._answering: dict[AnswerKey, _Answering] = {}
         self._db_wait_s = db_wait_s
         self._usage = usage
         self._conversation_budget_usd = conversation_budget_usd
@@ -450,10 +541,90 @@ class Dispatcher:
         except InvalidArgument as error:
             await self._log_rejected(tool_use, context, error)
             raise
-        approaches: dict[tuple[str, str], FailedApproach] = {}
-        (plan,) = await self._plan(context, [(tool_use, inputs)], approaches, display)
-        plan.stop = stop
-        return await self._run(plan, approaches, raise_rpc_errors=True)
+        return await self._dispatch_parsed(
+            tool_use, inputs, context, display=display, stop=stop, raise_rpc_errors=True
+        )
+
+    # --- retries: a call the client named is answered once ----------------------------------
+
+    def _answer_key(self, context: pb.CallContext, tool_use: pb.ToolUse) -> AnswerKey | None:
+        """The key under which a call is answered once: a call the client named by its
+        tool_use id, in a conversation (replay on)."""
+        if not tool_use.id or not context.conversation_id or self._replay_window_s <= 0:
+            return None
+        return (context.tenant_id, context.conversation_id, tool_use.id)
+
+    async def _running_answer(
+        self, key: AnswerKey, tool_name: str, hashed: str
+    ) -> DispatchOutcome | None:
+        """The outcome of the same call running on this replica under `key` (waited for), as
+        the answer to this retry of it; None when no such call runs, or the one that ran was
+        not answered (an RPC error, cancelled): then this call runs."""
+        while (running := self._answering.get(key)) is not None:
+            if (running.tool_name, running.args_hash) != (tool_name, hashed):
+                return None  # another call under a reused id: it runs on its own
+            await asyncio.wait({running.outcome})
+            if not running.outcome.cancelled():
+                return _replayed(running.outcome.result().replay())
+        return None
+
+    def _begin_answering(self, key: AnswerKey, tool_name: str, hashed: str) -> _Answering | None:
+        """Mark the call as being answered under `key` (None when another call holds it)."""
+        if key in self._answering:
+            return None
+        answering = _Answering(tool_name, hashed, asyncio.get_running_loop().create_future())
+        self._answering[key] = answering
+        return answering
+
+    def _end_answering(
+        self, key: AnswerKey, answering: _Answering, outcome: DispatchOutcome | None
+    ) -> None:
+        """Release `key`, handing the outcome to retries that waited (or, when the call was
+        not answered, letting the first of them run)."""
+        if self._answering.get(key) is answering:
+            del self._answering[key]
+        if answering.outcome.done():
+            return
+        if outcome is not None and outcome.final:
+            answering.outcome.set_result(outcome.replay())
+        else:
+            answering.outcome.cancel()
+
+    async def _dispatch_parsed(
+        self,
+        tool_use: pb.ToolUse,
+        inputs: dict[str, Any],
+        context: pb.CallContext,
+        *,
+        display: DisplayHandle | None = None,
+        stop: asyncio.Future[str] | None = None,
+        raise_rpc_errors: bool,
+    ) -> DispatchOutcome:
+        """Dispatch one call whose input was taken; a retry of a call answered before (on
+        any replica, within the replay window) or running on this replica gets its response."""
+        key = self._answer_key(context, tool_use)
+        answering: _Answering | None = None
+        if key is not None:
+            hashed = call_hashes(tool_use.name, inputs)[0]
+            earlier = await self._running_answer(key, tool_use.name, hashed)
+            if earlier is not None:
+                return earlier
+            answering = self._begin_answering(key, tool_use.name, hashed)
+        outcome: DispatchOutcome | None = None
+        try:
+            approaches: dict[tuple[str, str], FailedApproach] = {}
+            (planned,) = await self._plan(
+                context, [(tool_use, inputs)], approaches, display, [answering is not None]
+            )
+            if isinstance(planned, DispatchOutcome):
+                outcome = planned
+            else:
+                planned.stop = stop
+                outcome = await self._run(planned, approaches, raise_rpc_errors=raise_rpc_errors)
+            return outcome
+        finally:
+            if key is not None and answering is not None:
+                self._end_answering(key, answering, outcome)
 
     async def dispatch_many(
         self, tool_uses: Sequence[pb.ToolUse], context: pb.CallContext
@@ -497,21 +668,84 @@ class Dispatcher:
                 )
         if not tool_uses:
             return []
+        # Calls the client named: a retry of one running on this replica waits for it (its
+        # slot follows it); the others are marked as being answered.
+        follow: dict[int, tuple[AnswerKey, str]] = {}
+        answering: dict[int, tuple[AnswerKey, _Answering]] = {}
+        to_plan: list[int] = []
+        for j, (tu, inputs) in enumerate(valid):
+            key = self._answer_key(context, tu)
+            if key is not None:
+                hashed = call_hashes(tu.name, inputs)[0]
+                running = self._answering.get(key)
+                if running is not None and (running.tool_name, running.args_hash) == (
+                    tu.name,
+                    hashed,
+                ):
+                    follow[j] = (key, hashed)
+                    continue
+                held = self._begin_answering(key, tu.name, hashed)
+                if held is not None:
+                    answering[j] = (key, held)
+            to_plan.append(j)
         approaches: dict[tuple[str, str], FailedApproach] = {}
-        plans = await self._plan(context, valid, approaches) if valid else []
-
-        async def one(plan: _Plan) -> DispatchOutcome:
-            try:
-                return await self._run(plan, approaches, raise_rpc_errors=False)
-            except ToolmeshError as error:  # the call could not be logged
-                return DispatchOutcome(
-                    result=convert.error_result_pb(error.message, _kind_of_error(error)),
-                    duration_ms=0.0,
-                    args_hash=plan.args_hash,
-                    tool_use_id=plan.tool_use_id,
+        try:
+            planned = (
+                await self._plan(
+                    context,
+                    [valid[j] for j in to_plan],
+                    approaches,
+                    replayable=[j in answering for j in to_plan],
                 )
+                if to_plan
+                else []
+            )
+        except BaseException:
+            for key, held in answering.values():
+                self._end_answering(key, held, None)
+            raise
 
-        ran = iter(await asyncio.gather(*(one(p) for p in plans)))
+        def rpc_error_outcome(
+            error: ToolmeshError, args_hash: str, tool_use_id: str
+        ) -> DispatchOutcome:
+            return DispatchOutcome(
+                result=convert.error_result_pb(error.message, _kind_of_error(error)),
+                duration_ms=0.0,
+                args_hash=args_hash,
+                tool_use_id=tool_use_id,
+            )
+
+        async def one(j: int, plan: _Plan | DispatchOutcome) -> DispatchOutcome:
+            outcome: DispatchOutcome | None = None
+            try:
+                if isinstance(plan, DispatchOutcome):
+                    outcome = plan
+                else:
+                    try:
+                        outcome = await self._run(plan, approaches, raise_rpc_errors=False)
+                    except ToolmeshError as error:  # the call could not be logged
+                        outcome = rpc_error_outcome(error, plan.args_hash, plan.tool_use_id)
+                return outcome
+            finally:
+                if j in answering:
+                    self._end_answering(*answering[j], outcome)
+
+        async def after(j: int) -> DispatchOutcome:
+            (key, hashed), (tu, inputs) = follow[j], valid[j]
+            outcome = await self._running_answer(key, tu.name, hashed)
+            if outcome is not None:
+                return outcome
+            try:  # the call it waited for was not answered: it runs itself
+                return await self._dispatch_parsed(tu, inputs, context, raise_rpc_errors=False)
+            except ToolmeshError as error:
+                return rpc_error_outcome(error, hashed, tu.id)
+
+        by_slot = dict(zip(to_plan, planned, strict=True))
+        ran = iter(
+            await asyncio.gather(
+                *(one(j, by_slot[j]) if j in by_slot else after(j) for j in range(len(valid)))
+            )
+        )
         outcomes = [rejected[i] if i in rejected else next(ran) for i in range(len(tool_uses))]
         finalize_turn(outcomes)
         return outcomes
@@ -570,11 +804,21 @@ class Dispatcher:
         items: Sequence[tuple[pb.ToolUse, dict[str, Any]]],
         approaches: dict[tuple[str, str], FailedApproach],
         display: DisplayHandle | None = None,
-    ) -> list[_Plan]:
+        replayable: Sequence[bool] = (),
+    ) -> list[_Plan | DispatchOutcome]:
+        """The calls' plans in input order; a call answered before (`replayable` marks the
+        calls the client named, see _answer_key) gets that answer in its place instead, and
+        the guardrails do not count it."""
         tenant, conversation, user = context.tenant_id, context.conversation_id, context.user_id
         rules = await self._rules.for_tenant(tenant)
         hashes = [call_hashes(tu.name, inputs) for tu, inputs in items]
         identities = [identity for _, identity in hashes]
+        replayable = list(replayable) or [False] * len(items)
+        answers = [
+            (tu.id, tu.name, hashed)
+            for (tu, _), (hashed, _), named in zip(items, hashes, replayable, strict=True)
+            if named
+        ]
         applicable = [[r for r in rules if r.applies_to(tenant, tu.name)] for tu, _ in items]
         prior = sorted(
             {r.prior_tool for rs in applicable for r in rs if r.kind == "require_prior_tool"}
@@ -585,10 +829,12 @@ class Dispatcher:
         async def snapshot() -> Snapshot:
             if not conversation:
                 return Snapshot()  # no conversation, no conversation state
-            snap = self._store.snapshot_now(tenant, conversation, calls, prior)
+            snap = self._store.snapshot_now(tenant, conversation, calls, prior, answers)
             if snap is not None:
                 return snap
-            return await self._run_store(self._store.snapshot, tenant, conversation, calls, prior)
+            return await self._run_store(
+                self._store.snapshot, tenant, conversation, calls, prior, answers
+            )
 
         cached = [self._timeouts.cached(n, tenant) for n in names]
         if all(t is not None for t in cached):  # the usual case: no GetTool, no extra tasks
@@ -604,6 +850,9 @@ class Dispatcher:
             and not self._store.touch_conversation_now(tenant, conversation)
         ):
             await self._run_store(self._store.touch_conversation, tenant, conversation)
+        replays = await self._stored_answers(context, items, hashes, replayable, snap)
+        if len(replays) == len(items):
+            return [replays[i] for i in range(len(items))]
         await self._log.ensure_available()  # never run a tool whose call cannot be logged
         timeout_of = dict(zip(names, timeouts, strict=True))
         for call, (attempts, reason) in snap.failed.items():
@@ -616,12 +865,18 @@ class Dispatcher:
             key, now = (tenant, conversation), self._clock()
             loop = self._recent_loops.latest(key, snap.loop, now)
             for i, identity in enumerate(identities):
-                loop = loops[i] = loop.advance(identity)
+                if i not in replays:
+                    loop = loops[i] = loop.advance(identity)
             self._recent_loops.remember(key, loop, now)
 
         # Pass 1, in input order: every rule's check (rate limits count here).
         checked: list[tuple[LoopState, list[Check]]] = []
-        for (tu, inputs), loop, rules_here in zip(items, loops, applicable, strict=True):
+        for i, ((tu, inputs), loop, rules_here) in enumerate(
+            zip(items, loops, applicable, strict=True)
+        ):
+            if i in replays:
+                checked.append((loop, []))
+                continue
             limited = rate_rules(rules_here)
             counts: dict[int, int] = {}
             if limited:
@@ -649,10 +904,13 @@ class Dispatcher:
             if fired
             else {}
         )
-        plans: list[_Plan] = []
-        for (tu, inputs), (hashed, identity), (loop_after, checks) in zip(
-            items, hashes, checked, strict=True
+        plans: list[_Plan | DispatchOutcome] = []
+        for i, ((tu, inputs), (hashed, identity), (loop_after, checks)) in enumerate(
+            zip(items, hashes, checked, strict=True)
         ):
+            if i in replays:
+                plans.append(replays[i])
+                continue
             ctx = pb.CallContext()
             ctx.CopyFrom(context)
             ctx.tool_use_id = tu.id or new_tool_use_id()
@@ -667,10 +925,51 @@ class Dispatcher:
                 start_epoch=snap.cancel_epoch,
                 timeout_s=timeout_of[tu.name],
                 fx=CallEffects(display),
+                replayable=replayable[i],
             )
             self._decide(plan)
             plans.append(plan)
         return plans
+
+    async def _stored_answers(
+        self,
+        context: pb.CallContext,
+        items: Sequence[tuple[pb.ToolUse, dict[str, Any]]],
+        hashes: Sequence[tuple[str, str]],
+        replayable: Sequence[bool],
+        snap: Snapshot,
+    ) -> dict[int, DispatchOutcome]:
+        """The logged responses answering calls of `items` (by position): those the snapshot
+        found, still within the replay window."""
+        replays: dict[int, DispatchOutcome] = {}
+        if not snap.answered:
+            return replays
+        now = self._wall_clock()
+        for i, ((tu, _), (hashed, _), named) in enumerate(
+            zip(items, hashes, replayable, strict=True)
+        ):
+            row_id = snap.answered.get((tu.id, tu.name, hashed)) if named else None
+            if row_id is None:
+                continue
+            stored = await self._run_store(
+                functools.partial(
+                    self._log.stored_answer,
+                    tenant_id=context.tenant_id,
+                    conversation_id=context.conversation_id,
+                    row_id=row_id,
+                )
+            )
+            if stored is None or not _within(stored.created_at, now, self._replay_window_s):
+                continue
+            try:
+                replays[i] = _replayed(DispatchOutcome.from_stored(stored.response))
+            except DecodeError:
+                logger.warning(
+                    "the logged response of tool_use %s (row %d) cannot be read: the call runs",
+                    tu.id,
+                    row_id,
+                )
+        return replays
 
     def _decide(self, plan: _Plan) -> None:
         """Choose to run or refuse, and record the decision's events and state writes."""
@@ -841,18 +1140,21 @@ class Dispatcher:
             if hint is not None:
                 warnings.append(hint)
         elapsed = (self._clock() - started) * 1000
-        logged.append(True)
-        await self._write_log(
-            plan, self._result_record(plan, elapsed, result, status, attempts, warnings)
-        )
-        return DispatchOutcome(
+        record = self._result_record(plan, elapsed, result, status, attempts, warnings)
+        outcome = DispatchOutcome(
             result=result,
             duration_ms=elapsed,
             args_hash=plan.args_hash,
             tool_use_id=plan.tool_use_id,
             warnings=warnings,
             effects=plan.fx.effects,
+            final=status != "cancelled",  # a cancelled call was not answered by its tool
         )
+        if plan.replayable and outcome.final:
+            record.response = outcome.to_pb().SerializeToString()
+        logged.append(True)
+        await self._write_log(plan, record)
+        return outcome
 
     def _stream_text(self, plan: _Plan, result: pb.ToolResult) -> None:
         """The model-facing text of the result, as text_delta chunks of one StreamChunks."""

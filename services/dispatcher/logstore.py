@@ -127,6 +127,17 @@ class CallRecord:
     events: list[EventRecord] = field(default_factory=list)
     state_writes: list[StateWrite] = field(default_factory=list)
     model: str = ""  # the conversation's model, as the call's context named it
+    # The serialized DispatchToolCallResponse a retry of the call is answered with (a call the
+    # client named by tool_use id, in a conversation); None otherwise.
+    response: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """A logged call's response, as a retry of it is answered."""
+
+    response: bytes
+    created_at: datetime | None
 
 
 class ComingWrites:
@@ -223,6 +234,11 @@ class CallLog(Protocol):
         max_bytes: int | None = None,
     ) -> Page[EventEntry]: ...
     def event_data(self, *, tenant_id: str, conversation_id: str, event_id: int) -> str | None: ...
+    def stored_answer(
+        self, *, tenant_id: str, conversation_id: str, row_id: int
+    ) -> StoredAnswer | None:
+        """The response logged with row `row_id` of this tenant's conversation, if any."""
+        ...
 
 
 def summarize(content: str) -> str:
@@ -590,6 +606,20 @@ class SqlCallLog:
             rows = s.scalars(stmt.execution_options(yield_per=_READ_BATCH))
             return _page(rows, entry, limit, max_bytes)
 
+    def stored_answer(
+        self, *, tenant_id: str, conversation_id: str, row_id: int
+    ) -> StoredAnswer | None:
+        stmt = select(_LOG.c.response, _LOG.c.created_at).where(
+            _LOG.c.id == row_id,
+            _LOG.c.tenant_id == tenant_id,
+            _LOG.c.conversation_id == conversation_id,
+        )
+        with translate_db_errors(), self._engine.connect() as conn:
+            row = conn.execute(stmt).first()
+        if row is None or row.response is None:
+            return None
+        return StoredAnswer(bytes(row.response), row.created_at)
+
     def page_events(
         self,
         *,
@@ -778,6 +808,7 @@ _LOG_KEYS = (
     "trace_id",
     "created_at",
     "model",
+    "response",
 )
 _EVENT_KEYS = (
     "tenant_id",
@@ -830,6 +861,7 @@ def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[Call
                 "trace_id": record.trace_id,
                 "created_at": now,
                 "model": record.model,
+                "response": record.response,
             }
         )
         for event in record.events:

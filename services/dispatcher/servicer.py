@@ -12,7 +12,7 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services.dispatcher.core import Dispatcher, DispatchOutcome
+from services.dispatcher.core import Dispatcher
 from services.dispatcher.effects import ExportEntry, ExportFiles
 from services.dispatcher.guardrails import PolicyRule
 from services.dispatcher.logstore import LISTED_INPUT_CHARS, CallLog
@@ -211,16 +211,6 @@ def _fit_batch(response: dpb.DispatchToolCallsResponse) -> None:
         item.result.CopyFrom(convert.error_result_pb(message, "batch_result_too_large"))
         total += item.ByteSize() - sizes[i]
         sizes[i] = item.ByteSize()
-
-
-def _outcome_to_pb(o: DispatchOutcome) -> dpb.DispatchToolCallResponse:
-    return dpb.DispatchToolCallResponse(
-        result=o.result,
-        duration_ms=o.duration_ms,
-        warnings=o.warnings,
-        args_hash=o.args_hash,
-        tool_use_id=o.tool_use_id,
-    )
 
 
 def export_to_pb(e: ExportEntry) -> dpb.ExportFile:
@@ -450,14 +440,14 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
         self, request: dpb.DispatchToolCallRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DispatchToolCallResponse:
         ctx = self._call_context(context, request.context)
-        return _outcome_to_pb(await self._core.dispatch(request.tool_use, ctx))
+        return (await self._core.dispatch(request.tool_use, ctx)).to_pb()
 
     async def DispatchToolCalls(
         self, request: dpb.DispatchToolCallsRequest, context: grpc.aio.ServicerContext
     ) -> dpb.DispatchToolCallsResponse:
         ctx = self._call_context(context, request.context)
         outcomes = await self._core.dispatch_many(list(request.tool_uses), ctx)
-        response = dpb.DispatchToolCallsResponse(results=[_outcome_to_pb(o) for o in outcomes])
+        response = dpb.DispatchToolCallsResponse(results=[o.to_pb() for o in outcomes])
         _fit_batch(response)
         return response
 
@@ -484,7 +474,7 @@ class DispatcherServicer(dispatcher_pb2_grpc.DispatcherServiceServicer):
                     break
                 else:
                     await outbox.ready.wait()
-            yield dpb.DispatchToolCallStreamResponse(result=_outcome_to_pb(task.result()))
+            yield dpb.DispatchToolCallStreamResponse(result=task.result().to_pb())
         finally:
             if outbox.superseded or outbox.merged or outbox.dropped:
                 log = logger.warning if outbox.dropped else logger.debug

@@ -52,6 +52,9 @@ class Snapshot:
     cancel_epoch: int = 0
     failed: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     prior_tools: set[str] = field(default_factory=set)
+    # (tool_use_id, tool_name, args_hash) of a call asked about -> the tool_execution_log row
+    # of the latest such call answered in the conversation (see Dispatcher: a retry).
+    answered: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 class GuardrailStore(Protocol):
@@ -66,6 +69,7 @@ class GuardrailStore(Protocol):
         conversation_id: str,
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Snapshot: ...
     def snapshot_now(
         self,
@@ -73,6 +77,7 @@ class GuardrailStore(Protocol):
         conversation_id: str,
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Snapshot | None:
         """The snapshot read without blocking (on the event loop), or None when that would
         wait; then the core reads `snapshot` in a thread."""
@@ -277,9 +282,9 @@ class ObservationWrite:
         }
 
 
-# Calls (two columns each) or prior tools (one each) per snapshot statement: SQLite allows 2000
-# result columns and PostgreSQL 1664 target entries, so a batch of many distinct calls is read
-# in several statements of at most ~530 columns each.
+# Calls (two columns each), prior tools or answers (one each) per snapshot statement: SQLite
+# allows 2000 result columns and PostgreSQL 1664 target entries, so a batch of many distinct
+# calls is read in several statements of at most ~1,030 columns each.
 SNAPSHOT_CHUNK = 256
 
 
@@ -288,18 +293,22 @@ def _snapshot_queries(
     conversation_id: str,
     calls: Sequence[tuple[str, str]],
     prior_tools: Sequence[str],
+    answers: Sequence[tuple[str, str, str]] = (),
 ) -> list[_SnapshotQuery]:
-    """The statements of one snapshot: one in the usual case, one per SNAPSHOT_CHUNK calls or
-    prior tools beyond that."""
+    """The statements of one snapshot: one in the usual case, one per SNAPSHOT_CHUNK calls,
+    prior tools or answers beyond that."""
     unique_calls = list(dict.fromkeys(calls))
     unique_prior = list(dict.fromkeys(prior_tools))
-    n = max(1, -(-max(len(unique_calls), len(unique_prior)) // SNAPSHOT_CHUNK))
+    unique_answers = list(dict.fromkeys(answers))
+    longest = max(len(unique_calls), len(unique_prior), len(unique_answers))
+    n = max(1, -(-longest // SNAPSHOT_CHUNK))
     return [
         _SnapshotQuery(
             tenant_id,
             conversation_id,
             unique_calls[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK],
             unique_prior[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK],
+            unique_answers[i * SNAPSHOT_CHUNK : (i + 1) * SNAPSHOT_CHUNK],
         )
         for i in range(n)
     ]
@@ -313,13 +322,14 @@ def _merge(parts: Sequence[Snapshot]) -> Snapshot:
     for part in parts[1:]:
         merged.failed.update(part.failed)
         merged.prior_tools |= part.prior_tools
+        merged.answered.update(part.answered)
     return merged
 
 
 @functools.lru_cache(maxsize=64)
-def _snapshot_statement(n_calls: int, n_prior: int) -> str:
-    """The snapshot statement for `n_calls` calls and `n_prior` prior tools (its text depends
-    on nothing else; built once per shape)."""
+def _snapshot_statement(n_calls: int, n_prior: int, n_answers: int = 0) -> str:
+    """The snapshot statement for `n_calls` calls, `n_prior` prior tools and `n_answers`
+    answered calls looked for (its text depends on nothing else; built once per shape)."""
     columns = ["s.id", "s.call_seq", "s.loop_hash", "s.loop_count", "s.cancel_epoch"]
     for i in range(n_calls):
         where = (
@@ -331,6 +341,12 @@ def _snapshot_statement(n_calls: int, n_prior: int) -> str:
         columns.append(
             "EXISTS (SELECT 1 FROM tool_execution_log WHERE conversation_id = :c "
             f"AND tenant_id = :t AND tool_name = :p{i} AND success = :yes)"
+        )
+    for i in range(n_answers):  # on ix_tool_execution_log_tool_use
+        columns.append(
+            "(SELECT MAX(id) FROM tool_execution_log WHERE conversation_id = :c "
+            f"AND tool_use_id = :au{i} AND tenant_id = :t AND tool_name = :an{i} "
+            f"AND args_hash = :ah{i} AND response IS NOT NULL)"
         )
     return (
         f"SELECT {', '.join(columns)} FROM (SELECT 1 AS one) AS one "
@@ -347,16 +363,20 @@ class _SnapshotQuery:
         conversation_id: str,
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> None:
         self.calls = list(dict.fromkeys(calls))
         self.prior = list(dict.fromkeys(prior_tools))
+        self.answers = list(dict.fromkeys(answers))
         params: dict[str, Any] = {"t": tenant_id, "c": conversation_id, "yes": True}
         for i, (tool, identity) in enumerate(self.calls):
             params[f"ft{i}"], params[f"fh{i}"] = tool, identity
         for i, tool in enumerate(self.prior):
             params[f"p{i}"] = tool
+        for i, (tool_use_id, tool, args_hash) in enumerate(self.answers):
+            params[f"au{i}"], params[f"an{i}"], params[f"ah{i}"] = tool_use_id, tool, args_hash
         self.params = params
-        self.statement = _snapshot_statement(len(self.calls), len(self.prior))
+        self.statement = _snapshot_statement(len(self.calls), len(self.prior), len(self.answers))
 
     def parse(self, row: list[Any]) -> Snapshot:
         snap = Snapshot(
@@ -373,6 +393,10 @@ class _SnapshotQuery:
         for tool in self.prior:
             if row[pos]:
                 snap.prior_tools.add(tool)
+            pos += 1
+        for answer in self.answers:
+            if row[pos] is not None:
+                snap.answered[answer] = int(row[pos])
             pos += 1
         return snap
 
@@ -480,13 +504,15 @@ class SqlGuardrailStore:
         conversation_id: str,
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Snapshot:
         """Everything in one statement: the conversation's state row, the attempts of each
-        (tool, identity) in `calls`, and whether each of `prior_tools` succeeded earlier in the
-        conversation."""
+        (tool, identity) in `calls`, whether each of `prior_tools` succeeded earlier in the
+        conversation, and the log row answering each (tool_use_id, tool, args_hash) of
+        `answers`."""
+        queries = _snapshot_queries(tenant_id, conversation_id, calls, prior_tools, answers)
         parts = [
-            query.parse(self._fetch_one_raw(query.statement, query.params))
-            for query in _snapshot_queries(tenant_id, conversation_id, calls, prior_tools)
+            query.parse(self._fetch_one_raw(query.statement, query.params)) for query in queries
         ]
         return _merge(parts)
 
@@ -496,6 +522,7 @@ class SqlGuardrailStore:
         conversation_id: str,
         calls: Sequence[tuple[str, str]],
         prior_tools: Sequence[str],
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Snapshot | None:
         """The snapshot, read at once on the caller's thread (the event loop) when that needs
         no waiting: on a SQLite file, a read of a few rows takes tens of microseconds, less
@@ -506,7 +533,8 @@ class SqlGuardrailStore:
         parts = []
         try:
             connection = self._loop_db.get()
-            for query in _snapshot_queries(tenant_id, conversation_id, calls, prior_tools):
+            queries = _snapshot_queries(tenant_id, conversation_id, calls, prior_tools, answers)
+            for query in queries:
                 row = connection.execute(query.statement, query.params).fetchone()
                 parts.append(query.parse(list(row)))
         except sqlite3.Error:

@@ -92,6 +92,12 @@ def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
         echo(response.result.content)
         for warning in response.warnings:
             echo(warning)
+        if response.replayed:
+            echo(
+                f"(tool_use {response.tool_use_id} was answered before: this is that answer; "
+                "the tool did not run again)",
+                file=sys.stderr,
+            )
     kind = response.result.envelope.WhichOneof("kind")
     return EXIT_TOOL_ERROR if kind == "err" or (kind is None and response.result.error) else EXIT_OK
 

@@ -139,11 +139,17 @@ class ToolExecutionLogRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # The conversation's model as the call's context named it; "" when it named none.
     model: Mapped[str] = mapped_column(String(128), nullable=False, default="", server_default="")
+    # The DispatchToolCallResponse the call was answered with (serialized), kept for a call
+    # the client named (a tool_use id, in a conversation) so a retry is answered, not run
+    # again; null otherwise, and for a call that ended in an RPC error. Deferred: a listing of
+    # the log does not load it.
+    response: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
 
     __table_args__ = (
         Index("ix_tool_execution_log_tool_tenant_created", "tool_name", "tenant_id", "created_at"),
         Index("ix_tool_execution_log_created", "created_at"),
         Index("ix_tool_execution_log_conversation", "conversation_id"),
+        Index("ix_tool_execution_log_tool_use", "conversation_id", "tool_use_id"),
     )
 
 

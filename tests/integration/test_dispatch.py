@@ -612,3 +612,51 @@ def test_a_nan_or_negative_budget_is_invalid_argument(mesh: Mesh) -> None:
             )
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(caught.value).reason == "BUDGET_INVALID"
+
+
+def test_a_retried_call_is_answered_with_its_first_response_not_run_again(mesh: Mesh) -> None:
+    """An agent back end that lost a response sends the call again with its tool_use id: it
+    gets the same response, marked replayed, on any of the three dispatch RPCs, and the tool
+    does not run again (one log row); a retry that comes while the call runs waits for it."""
+    conversation, payload = "retries", json.dumps({"echo": "once", "delay_ms": 400})
+    context = pb.CallContext(tenant_id="tenant-a", user_id="tester", conversation_id=conversation)
+    request = dpb.DispatchToolCallRequest(
+        tool_use=pb.ToolUse(id="toolu_retry_1", name="ping", input_json=payload), context=context
+    )
+    first = mesh.dispatcher.DispatchToolCall.future(request, timeout=60)
+    time.sleep(0.1)
+    meanwhile = mesh.dispatcher.DispatchToolCall(request, timeout=60)
+    answered = first.result()
+    later = mesh.dispatcher.DispatchToolCall(request, timeout=60)
+    streamed = list(
+        mesh.dispatcher.DispatchToolCallStream(
+            dpb.DispatchToolCallStreamRequest(tool_use=request.tool_use, context=context),
+            timeout=60,
+        )
+    )
+    batch = mesh.dispatcher.DispatchToolCalls(
+        dpb.DispatchToolCallsRequest(tool_uses=[request.tool_use], context=context), timeout=60
+    ).results
+    assert not answered.replayed
+    for replay in (meanwhile, later, streamed[-1].result, batch[0]):
+        assert replay.replayed
+        assert replay.result == answered.result and replay.duration_ms == answered.duration_ms
+    log = mesh.dispatcher.ListExecutionLog(
+        dpb.ListExecutionLogRequest(conversation_id=conversation)
+    ).entries
+    assert [e.tool_use_id for e in log] == ["toolu_retry_1"]
+    # The same id with other input is another call: it runs (and is answered once too).
+    other = mesh.call(
+        "ping", '{"echo": "twice"}', conversation=conversation, tool_use_id="toolu_retry_1"
+    )
+    assert not other.replayed
+    # SREs see the retries in the trace: the dispatcher's server span says it replayed.
+    mesh.spans.wait_for_sync(
+        lambda s: (
+            s.kind == "SERVER"
+            and s.attributes.get("toolmesh.replayed") is True
+            and s.attributes.get("gen_ai.tool.call.id") == "toolu_retry_1"
+        ),
+        timeout=15,
+        count=4,
+    )

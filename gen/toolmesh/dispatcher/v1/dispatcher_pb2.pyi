@@ -43,18 +43,20 @@ class DispatchToolCallRequest(_message.Message):
     def __init__(self, tool_use: _Optional[_Union[_types_pb2.ToolUse, _Mapping]] = ..., context: _Optional[_Union[_types_pb2.CallContext, _Mapping]] = ...) -> None: ...
 
 class DispatchToolCallResponse(_message.Message):
-    __slots__ = ("result", "duration_ms", "warnings", "args_hash", "tool_use_id")
+    __slots__ = ("result", "duration_ms", "warnings", "args_hash", "tool_use_id", "replayed")
     RESULT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     ARGS_HASH_FIELD_NUMBER: _ClassVar[int]
     TOOL_USE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     result: _types_pb2.ToolResult
     duration_ms: float
     warnings: _containers.RepeatedScalarFieldContainer[str]
     args_hash: str
     tool_use_id: str
-    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., duration_ms: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., args_hash: _Optional[str] = ..., tool_use_id: _Optional[str] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, result: _Optional[_Union[_types_pb2.ToolResult, _Mapping]] = ..., duration_ms: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., args_hash: _Optional[str] = ..., tool_use_id: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class DispatchToolCallsRequest(_message.Message):
     __slots__ = ("tool_uses", "context")

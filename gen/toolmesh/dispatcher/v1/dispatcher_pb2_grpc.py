@@ -105,6 +105,12 @@ class DispatcherServiceServicer:
         """Dispatches one tool call. Empty name or input that is not a JSON object: INVALID_ARGUMENT;
         unknown tool: NOT_FOUND with the closest names. A tool that fails returns OK with an Err
         result. Every call, success or failure, is logged.
+
+        A retry is answered, not run again: a call whose tool_use id, tool and input match a call
+        of the same conversation already answered (within the replay window) or still running gets
+        that call's response, with `replayed` set; the tool does not run a second time. Only
+        answered calls count: one that ended in an RPC error (UNAVAILABLE...) runs again. The same
+        holds for each call of DispatchToolCalls and for DispatchToolCallStream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
