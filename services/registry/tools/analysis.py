@@ -3961,9 +3961,17 @@ def _check_read_only(
         advice = _REFUSAL_ADVICE.get(
             kind, ("a single SELECT over the conversation's datasets, with save_as to keep it",)
         )
+        # Named as written: DuckDB files INSTALL under LOAD, USE under SET, CHECKPOINT under
+        # CALL (a WITH ... prefix says nothing: then its type).
+        word = re.match(r"\s*([A-Za-z]+)", statements[0].query or "")
+        named = word.group(1).upper() if word else ""
+        if named == "FORCE":  # FORCE INSTALL, FORCE CHECKPOINT
+            second = re.match(r"\s*FORCE\s+([A-Za-z]+)", statements[0].query, re.IGNORECASE)
+            named += f" {second.group(1).upper()}" if second else ""
+        label = named if named and named != "WITH" else kind
         raise HintException(
             "fetch",
-            f"{kind} statements are not allowed: query only runs read-only SQL (SELECT, WITH, "
+            f"{label} statements are not allowed: query only runs read-only SQL (SELECT, WITH, "
             "VALUES, SHOW, DESCRIBE, SUMMARIZE, EXPLAIN) over this conversation's datasets, "
             "without file or system access",
             [{"label": label, "score": 1.0, "action": "add"} for label in advice],

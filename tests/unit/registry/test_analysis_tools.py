@@ -717,6 +717,23 @@ def test_file_access_from_sql_is_an_error(loaded: ToolContext, sql: str) -> None
         query({"sql": sql}, loaded)
 
 
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("INSTALL httpfs", "INSTALL statements"),
+        ("force install httpfs", "FORCE INSTALL statements"),
+        ("USE memory", "USE statements"),
+        ("CHECKPOINT", "CHECKPOINT statements"),
+        ("WITH x AS (SELECT 1) DELETE FROM people", "DELETE statements"),
+    ],
+)
+def test_a_refused_statement_is_named_as_written(loaded: ToolContext, sql: str, named: str) -> None:
+    with pytest.raises(HintException) as excinfo:
+        query({"sql": sql}, loaded)
+
+    assert hint_of(excinfo).message.startswith(f"{named} are not allowed"), hint_of(excinfo)
+
+
 def test_a_bare_file_path_as_a_table_is_not_read(loaded: ToolContext) -> None:
     with pytest.raises(HintException) as excinfo:
         query({"sql": "SELECT * FROM '/etc/passwd'"}, loaded)
