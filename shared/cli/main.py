@@ -289,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", default="cli", help="user id (default: cli)")
     p.add_argument("--capability", action="append", help="caller capability (repeatable)")
     p.add_argument("--model", default="", help="conversation's model (a model config's name)")
-    p.add_argument("--tool-use-id", default="", help="tool_use id (default: generated)")
+    p.add_argument(
+        "--tool-use-id",
+        default="",
+        help="tool_use id (default: generated); a call again with the same id and input in the "
+        "conversation is answered with the first call's response, not run again",
+    )
     p.add_argument("--timeout", type=seconds, default=330.0, help="RPC deadline in seconds")
     p.add_argument("--json", action="store_true", help="print the whole response as JSON")
     p.add_argument(

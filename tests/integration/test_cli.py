@@ -67,6 +67,20 @@ def test_call_prints_the_rendered_ok_result_and_exits_0(mesh: Mesh) -> None:
 
 
 @on_sqlite_mesh
+def test_call_again_with_its_tool_use_id_prints_the_same_result_and_says_it_did_not_run(
+    mesh: Mesh,
+) -> None:
+    args = ("ping", "--input", '{"echo": "once"}', "--tool-use-id", "toolu_cli_retry")
+    first = call(mesh, *args, "--conversation", "cli-retry")
+    again = call(mesh, *args, "--conversation", "cli-retry")
+    assert first.returncode == again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout and '"echo": "once"' in again.stdout
+    assert "answered before" not in first.stderr
+    assert "toolu_cli_retry was answered before" in again.stderr
+    assert "did not run again" in again.stderr
+
+
+@on_sqlite_mesh
 def test_call_with_progress_prints_the_reports_to_stderr_as_they_come(mesh: Mesh) -> None:
     plain = call(mesh, "ping", "--input", '{"echo": "x"}')
     done = call(
