@@ -43,6 +43,9 @@ from toolmesh.type.v1 import types_pb2 as pb
 RAW = "raw 2-hop chain"
 MESH_ON = "mesh, tracing on"
 MESH_OFF = "mesh, tracing off"
+# The tracing-on mesh called as an agent back end does: every call named by its tool_use id (a
+# retry would be answered from the log: the snapshot looks for an answer, the response is kept).
+MESH_NAMED = "mesh, named calls"
 
 
 def start_mesh(
@@ -70,19 +73,26 @@ def start_mesh(
         raise
 
 
-def ping_call(stub: dispatcher_pb2_grpc.DispatcherServiceStub) -> Call:
-    context = pb.CallContext(tenant_id="bench", conversation_id="bench")
+def ping_call(stub: dispatcher_pb2_grpc.DispatcherServiceStub, *, named: bool = False) -> Call:
+    """`ping` through the dispatcher; `named`: with a tool_use id of the client's, as the
+    Messages API gives (a call in a conversation of its own, so the two kinds do not meet)."""
+    context = pb.CallContext(tenant_id="bench", conversation_id="named" if named else "bench")
     counter = itertools.count()
 
     async def call() -> None:
         # A distinct input per call: identical consecutive calls trip the loop guard.
+        n = next(counter)
         request = dpb.DispatchToolCallRequest(
-            tool_use=pb.ToolUse(name="ping", input_json=f'{{"echo": {next(counter)}}}'),
+            tool_use=pb.ToolUse(
+                id=f"toolu_bench_{n:024x}" if named else "",
+                name="ping",
+                input_json=f'{{"echo": {n}}}',
+            ),
             context=context,
         )
         response = await stub.DispatchToolCall(request)
-        if response.result.error:
-            raise RuntimeError(response.result.error)
+        if response.result.error or response.replayed:
+            raise RuntimeError(response.result.error or "a fresh call was replayed")
 
     return call
 
@@ -92,8 +102,8 @@ async def start_ping(
     tracing: bool,
     collector_port: int,
     extra: Mapping[str, str] | None = None,
-) -> Call:
-    """A mesh started on `stack` (stopped when it closes), as a ping call through it."""
+) -> dispatcher_pb2_grpc.DispatcherServiceStub:
+    """A mesh started on `stack` (stopped when it closes), as a stub of its dispatcher."""
     tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="toolmesh-bench-"))
     processes = start_mesh(Path(tmp), tracing, collector_port, extra)
 
@@ -103,12 +113,13 @@ async def start_ping(
 
     stack.callback(stop)
     channel = await stack.enter_async_context(grpc.aio.insecure_channel(processes[1].address))
-    return ping_call(dispatcher_pb2_grpc.DispatcherServiceStub(channel))
+    return dispatcher_pb2_grpc.DispatcherServiceStub(channel)
 
 
 @asynccontextmanager
 async def running(collector_port: int) -> AsyncIterator[dict[str, Call]]:
-    """The raw chain and two meshes (tracing on, tracing off), all started, as a call each."""
+    """The raw chain and two meshes (tracing on, tracing off), all started, as a call each
+    (the tracing-on mesh twice: with generated and with named tool_use ids)."""
     async with AsyncExitStack() as stack:
         chain = ProcessEchoChain(hops=2)
         stack.callback(chain.stop)
@@ -118,10 +129,12 @@ async def running(collector_port: int) -> AsyncIterator[dict[str, Call]]:
         async def raw() -> None:
             await chain.call(payload)
 
+        traced = await start_ping(stack, True, collector_port)
         yield {
             RAW: raw,
-            MESH_ON: await start_ping(stack, True, collector_port),
-            MESH_OFF: await start_ping(stack, False, collector_port),
+            MESH_ON: ping_call(traced),
+            MESH_OFF: ping_call(await start_ping(stack, False, collector_port)),
+            MESH_NAMED: ping_call(traced, named=True),
         }
 
 
@@ -148,6 +161,12 @@ async def main_async(n: int, block: int, duration: float, concurrency: int) -> N
     print("  tracing overhead (mesh on vs mesh off):")
     print("  " + ratio_line("p50", on.p50_ms, lat[MESH_OFF].p50_ms, "ms"))
     print("  " + ratio_line(f"throughput@{concurrency}", tp[MESH_ON], tp[MESH_OFF], "calls/s"))
+    print(
+        "  named calls (tool_use ids of the client's: a retry is answered from the log) vs "
+        "generated ids:"
+    )
+    print("  " + ratio_line("p50", lat[MESH_NAMED].p50_ms, on.p50_ms, "ms"))
+    print("  " + ratio_line(f"throughput@{concurrency}", tp[MESH_NAMED], tp[MESH_ON], "calls/s"))
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 from contextlib import AsyncExitStack
 
-from bench.dispatch_overhead import start_ping
+from bench.dispatch_overhead import ping_call, start_ping
 from bench.measure import (
     machine_load,
     measure_interleaved,
@@ -40,7 +40,7 @@ async def main_async(n: int, block: int, duration: float, concurrency: int) -> N
     with SpanCounter() as sink:
         async with AsyncExitStack() as stack:
             calls = {
-                name: await start_ping(stack, tracing, sink.port, extra)
+                name: ping_call(await start_ping(stack, tracing, sink.port, extra))
                 for name, (tracing, extra) in CONFIGS.items()
             }
             lat = await measure_interleaved(calls, n, block, warmup=300)
