@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -149,7 +150,15 @@ class ToolExecutionLogRow(Base):
         Index("ix_tool_execution_log_tool_tenant_created", "tool_name", "tenant_id", "created_at"),
         Index("ix_tool_execution_log_created", "created_at"),
         Index("ix_tool_execution_log_conversation", "conversation_id"),
-        Index("ix_tool_execution_log_tool_use", "conversation_id", "tool_use_id"),
+        # Partial: only the calls whose response is kept (a retry's lookup), so the calls
+        # without one pay no index write.
+        Index(
+            "ix_tool_execution_log_tool_use",
+            "conversation_id",
+            "tool_use_id",
+            sqlite_where=text("response IS NOT NULL"),
+            postgresql_where=text("response IS NOT NULL"),
+        ),
     )
 
 

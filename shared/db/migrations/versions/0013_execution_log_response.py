@@ -25,6 +25,8 @@ def upgrade() -> None:
         "ix_tool_execution_log_tool_use",
         "tool_execution_log",
         ["conversation_id", "tool_use_id"],
+        sqlite_where=sa.text("response IS NOT NULL"),
+        postgresql_where=sa.text("response IS NOT NULL"),
     )
 
 
