@@ -22,7 +22,7 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "load_dataset",
         "description": (
-            "Load a CSV, Parquet, Excel (.xlsx), OpenDocument (.ods) or JSON file from the "
+            "Load a CSV, Parquet, Excel (.xlsx, .xls), OpenDocument (.ods) or JSON file from the "
             "platform's data directories into a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
@@ -57,7 +57,7 @@ TOOLS: list[dict[str, Any]] = [
                     "default": "auto",
                     "description": (
                         "File format; 'auto' (default) decides from the extension (.csv, .tsv, "
-                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm/.ods, or "
+                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm/.xls/.ods, or "
                         ".json/.jsonl/.ndjson)."
                     ),
                 },
@@ -67,7 +67,7 @@ TOOLS: list[dict[str, Any]] = [
                     "maxLength": 100,
                     "minimum": 1,
                     "description": (
-                        "Spreadsheets (.xlsx, .ods): the sheet to load, by name or 1-based "
+                        "Spreadsheets (.xlsx, .xls, .ods): the sheet to load, by name or 1-based "
                         "position (2). Omitted: the first sheet with data (the others are named "
                         "in a warning). Ignored for CSV, Parquet and JSON."
                     ),

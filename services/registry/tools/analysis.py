@@ -26,6 +26,7 @@ import lzma
 import os
 import re
 import stat
+import sys
 import threading
 import time
 import unicodedata
@@ -104,8 +105,11 @@ CSV_SUFFIXES = frozenset({".csv", ".tsv", ".txt"})
 PARQUET_SUFFIXES = frozenset({".parquet", ".pq"})
 EXCEL_SUFFIXES = frozenset({".xlsx", ".xlsm"})
 ODS_SUFFIXES = frozenset({".ods"})
-# Read as spreadsheets (format "excel"): workbooks with openpyxl, OpenDocument with calamine.
-SPREADSHEET_SUFFIXES = EXCEL_SUFFIXES | ODS_SUFFIXES
+XLS_SUFFIXES = frozenset({".xls"})
+# Read as spreadsheets (format "excel"): workbooks with openpyxl, OpenDocument and Excel 97-2003
+# (BIFF in an OLE compound file) with calamine.
+SPREADSHEET_SUFFIXES = EXCEL_SUFFIXES | ODS_SUFFIXES | XLS_SUFFIXES
+OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 JSON_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson"})
 # The compressions DuckDB's JSON reader decompresses (a path in /proc has no extension to say).
 JSON_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
@@ -678,9 +682,9 @@ def _file_alternatives(raw: str, roots: Sequence[Path]) -> list[Alternative]:
 
 SUPPORTED_FORMATS = (
     "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
-    "one-file .zip), Parquet (.parquet, .pq), spreadsheets (.xlsx, .xlsm, .ods) and JSON (.json: "
-    "an array of records, or a document holding one; .jsonl/.ndjson: a record per line; also "
-    ".gz or .zst)"
+    "one-file .zip), Parquet (.parquet, .pq), spreadsheets (.xlsx, .xlsm, .xls, .ods) and JSON "
+    "(.json: an array of records, or a document holding one; .jsonl/.ndjson: a record per "
+    "line; also .gz or .zst)"
 )
 # Formats load_dataset does not read, by extension: what the file is, and what to do instead.
 _EXCEL_ADVICE = "save the sheet as .xlsx or CSV (UTF-8) and load that"
@@ -688,7 +692,6 @@ _CONVERT_ADVICE = "convert it to CSV or Parquet and load that"
 _JSON_ADVICE = "pass format='json' to read it as JSON"
 _UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
     ".xlsb": ("an Excel binary workbook", _EXCEL_ADVICE),
-    ".xls": ("an Excel 97-2003 workbook", _EXCEL_ADVICE),
     ".geojson": ("GeoJSON", _CONVERT_ADVICE),
     ".feather": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
     ".arrow": ("an Arrow IPC (Feather) file", _CONVERT_ADVICE),
@@ -707,7 +710,11 @@ PARQUET_MAGIC = b"PAR1"
 # Formats load_dataset does not read, by their first bytes (a file whose name does not say,
 # or one given format='csv'), which would otherwise be read as a one-column CSV of garbage.
 _FOREIGN_FILE_MAGIC: tuple[tuple[bytes, str, str], ...] = (
-    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an Excel 97-2003 workbook (.xls)", _EXCEL_ADVICE),
+    (
+        OLE_MAGIC,
+        "an Excel 97-2003 workbook (.xls) or another legacy Office file",
+        "pass format='excel' (or name it .xls) to read it as a workbook",
+    ),
     (b"ARROW1", "an Arrow IPC (Feather) file", _CONVERT_ADVICE),
     (b"SQLite format 3\x00", "a SQLite database", _CONVERT_ADVICE),
     (b"%PDF-", "a PDF document", "extract its tables to CSV and load that"),
@@ -3057,7 +3064,10 @@ def _chosen_sheet(book: Any, sheet: str | None, path: Path, warnings: list[Warni
 
 def _looks_tabular(ws: Any, rows: int = 200) -> bool:
     """Whether one of the worksheet's first `rows` rows has values in two cells or more (a
-    contents or notes sheet, text down one column, has not)."""
+    contents or notes sheet, text down one column, has not); a sheet read in a child process
+    says (see sheet_reader.py, whose TABULAR_ROWS is the same 200)."""
+    if isinstance(ws, _ChildSheet):
+        return ws.tabular
     for row in ws.iter_rows(max_row=rows, values_only=True):
         raise_if_cancelled()
         if sum(cell is not None and cell != "" for cell in row) >= 2:
@@ -3216,55 +3226,170 @@ def _with_merges(
     return values
 
 
-class _CalamineSheet:
-    """A sheet of python-calamine's as the spreadsheet reading expects one of openpyxl's
-    read-only sheets to be (title, visibility, rows of values)."""
+# The spreadsheet reader's child process (sheet_reader.py): its memory cap (at least this, or
+# this many times the dataset limit), and how many run at once in a registry.
+SHEET_READER_MIN_MEMORY = 768 << 20
+SHEET_READER_MEMORY_FACTOR = 6
+SHEET_READERS = 2
+_sheet_readers = threading.BoundedSemaphore(SHEET_READERS)
+_SHEET_READER = Path(__file__).with_name("sheet_reader.py")
 
-    def __init__(self, book: Any, index: int, title: str, visible: bool) -> None:
-        self._book = book
-        self._index = index
+
+def _decoded_cell(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "datetime" in value:
+            return datetime.datetime.fromisoformat(value["datetime"])
+        if "date" in value:
+            return datetime.date.fromisoformat(value["date"])
+        if "time" in value:
+            return datetime.time.fromisoformat(value["time"])
+        if "timedelta" in value:
+            return datetime.timedelta(seconds=float(value["timedelta"]))
+        return None
+    return None if value == "" else value
+
+
+class _ChildSheet:
+    """A worksheet of the child reader's, as the spreadsheet reading expects one of openpyxl's
+    read-only sheets to be (title, visibility, rows of values — streamed from the child)."""
+
+    def __init__(self, reader: _SheetReader, position: int, title: str, visible: bool) -> None:
+        self._reader = reader
+        self._position = position
         self.title = title
         self.sheet_state = "visible" if visible else "hidden"
+        self.tabular = False
 
     def iter_rows(self, max_row: int | None = None, values_only: bool = True) -> Iterator[Any]:
-        rows = self._book.get_sheet_by_index(self._index).iter_rows()
-        return itertools.islice(rows, max_row) if max_row is not None else iter(rows)
+        rows = self._reader.rows(self._position)
+        return itertools.islice(rows, max_row) if max_row is not None else rows
 
 
-@dataclass
-class _CalamineBook:
-    worksheets: list[_CalamineSheet]
+class _SheetReader:
+    """A spreadsheet read by calamine in a child process capped in memory (see
+    sheet_reader.py): a file whose grid would take more is refused as too large, and the
+    registry keeps its memory. The call's cancellation kills the child, as does close()."""
+
+    def __init__(self, opened: IO[bytes], path: Path, limit: int, what: str) -> None:
+        import subprocess
+
+        self._path, self._limit, self._what = path, limit, what
+        self._memory = max(SHEET_READER_MIN_MEMORY, SHEET_READER_MEMORY_FACTOR * limit)
+        fd = opened.fileno()
+        self._child = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                str(_SHEET_READER),
+                str(fd),
+                str(self._memory),
+                str(2 * limit),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(fd,),
+            close_fds=True,
+        )
+        self._buffered = b""
+        self._asked = False
+        self.worksheets: list[_ChildSheet] = []
+
+    def __enter__(self) -> _SheetReader:
+        try:
+            listing = self._next()
+            self.worksheets = [
+                _ChildSheet(self, k, str(s["name"]), bool(s["visible"]))
+                for k, s in enumerate(listing["sheets"])
+            ]
+            for ws, s in zip(self.worksheets, listing["sheets"], strict=True):
+                ws.tabular = bool(s["tabular"])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        for pipe in (self._child.stdin, self._child.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def rows(self, position: int) -> Iterator[list[Any]]:
+        """The rows of worksheet `position` (one sheet per reader: the one chosen)."""
+        if self._asked:
+            raise AssertionError("the sheet reader sends one sheet")
+        self._asked = True
+        assert self._child.stdin is not None
+        self._child.stdin.write(f"{position}\n".encode())
+        self._child.stdin.flush()
+        while True:
+            item = self._next()
+            if isinstance(item, list):
+                yield [_decoded_cell(v) for v in item]
+            else:
+                return  # {"end": true}
+
+    def _next(self) -> Any:
+        """The child's next message; its failures raised as what they mean."""
+        import selectors
+
+        assert self._child.stdout is not None
+        while b"\n" not in self._buffered:
+            raise_if_cancelled()
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._child.stdout, selectors.EVENT_READ)
+                if not selector.select(timeout=0.2):
+                    continue
+            chunk = os.read(self._child.stdout.fileno(), 1 << 20)
+            if not chunk:
+                self._failed({})
+            self._buffered += chunk
+        line, self._buffered = self._buffered.split(b"\n", 1)
+        item = json.loads(line)
+        if isinstance(item, dict) and not {"sheets", "end"} & item.keys():
+            self._failed(item)
+        return item
+
+    def _failed(self, said: dict[str, Any]) -> None:
+        try:
+            status = self._child.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - a child that will not end is killed by close()
+            status = None
+        name, limit = self._path.name, self._limit
+        if said.get("too_large"):
+            raise _too_large(name, f"its cells come to over {2 * limit} bytes", limit)
+        if said.get("memory") or (status is not None and status < 0):
+            raise _too_large(
+                name,
+                f"reading it takes more than {self._memory >> 20} MiB of memory (a sheet whose "
+                "cells span a grid far larger than the data in it)",
+                limit,
+            )
+        reason = str(said.get("error") or f"the reader stopped (status {status})")[:300]
+        raise HintException("schema", f"could not read {name!r} as {self._what}: {reason}")
 
 
-def _read_ods(
+def _read_calamine(
     opened: IO[bytes],
     path: Path,
     sheet: str | None,
     header: bool | None,
     limit: int,
     warnings: list[Warning],
+    what: str,
 ) -> pd.DataFrame:
-    """An OpenDocument spreadsheet's sheet as a DataFrame, read with python-calamine (its XML
-    parser expands no entities) and then as its CSV export, as a workbook is (see
-    _read_excel)."""
-    from python_calamine import CalamineWorkbook
-
-    try:
-        book = CalamineWorkbook.from_filelike(opened)
-        sheets = [
-            _CalamineSheet(book, index, str(meta.name), "Visible" in str(meta.visible))
-            for index, meta in enumerate(book.sheets_metadata)
-        ]
-        ws = _chosen_sheet(_CalamineBook(sheets), sheet, path, warnings)
+    """A sheet of an OpenDocument spreadsheet or an Excel 97-2003 workbook (`what` names it)
+    as a DataFrame, read with python-calamine (Rust; its XML parser expands no entities) in a
+    child process, then as its CSV export, as a workbook is (see _read_excel)."""
+    with _sheet_readers, _SheetReader(opened, path, limit, what) as book:
+        ws = _chosen_sheet(book, sheet, path, warnings)
         text = _sheet_as_csv(ws, path, limit, warnings)
-    except (DatasetTooLarge, HintException, CallCancelled):
-        raise
-    except Exception as exc:  # calamine's errors: a corrupt or foreign file
-        raise HintException(
-            "schema",
-            f"could not read {path.name!r} as an OpenDocument spreadsheet: "
-            f"{type(exc).__name__}: {_first_lines(exc)}",
-        ) from exc
     return _sheet_frame(text, path, ws.title, header, limit, warnings)
 
 
@@ -3289,9 +3414,14 @@ def _read_excel(
     """A worksheet of the workbook as a DataFrame: its cells' values (formulas as last
     calculated) written as CSV, then read as any CSV is — the notes above and below a table,
     a total row, the types of its text — so a workbook and its CSV export load alike."""
+    if _peek(opened).startswith(OLE_MAGIC):  # Excel 97-2003, whatever its name
+        # Not compressed: the file's size, checked against the limit already, bounds it.
+        what = "an Excel 97-2003 workbook (.xls)"
+        return _read_calamine(opened, path, sheet, header, limit, warnings, what)
     _check_workbook_archive(opened, path, limit)
     if path.suffix.lower() in ODS_SUFFIXES:
-        return _read_ods(opened, path, sheet, header, limit, warnings)
+        what = "an OpenDocument spreadsheet"
+        return _read_calamine(opened, path, sheet, header, limit, warnings, what)
     import openpyxl  # imported when a workbook is read: most registries never read one
 
     try:

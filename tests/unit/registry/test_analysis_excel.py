@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime
 import io
+import re
+import resource
 import threading
 import zipfile
 from pathlib import Path
@@ -192,7 +194,11 @@ def hollow_workbook() -> bytes:
         ("book.xlsx", hollow_workbook(), "could not read 'book.xlsx' as an Excel workbook"),
         # Named CSV: before, a one-column table of the archive's bytes.
         ("export.csv", hollow_workbook(), "could not read 'export.csv' as an Excel workbook"),
-        ("old.xls", b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 64, "Excel 97-2003"),
+        (
+            "old.xls",
+            b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\0" * 64,
+            "could not read 'old.xls' as an Excel 97-2003 workbook",
+        ),
     ],
 )
 def test_workbooks_it_cannot_read_are_hints_that_say_why(
@@ -460,3 +466,123 @@ def test_an_opendocument_spreadsheet_expands_no_entities_and_a_broken_one_is_a_h
         assert "lollol" not in str(ctx.load_dataset("laughs").to_dict()), loaded
     with pytest.raises(HintException, match=r"could not read 'broken\.ods'"):
         load_dataset({"path": "broken.ods"}, ctx)
+
+
+# Excel 97-2003 workbooks (.xls): tests/fixtures/sales.xls was written by xlwt 1.3.0 — a sheet
+# "sales" (header; text, integers, floats, dates formatted YYYY-MM-DD; one empty cell) and a
+# hidden sheet "notes".
+
+SALES_XLS = Path(__file__).resolve().parents[2] / "fixtures" / "sales.xls"
+
+
+def test_an_excel_97_2003_workbook_loads_like_a_workbook(ctx: ToolContext, files: Path) -> None:
+    (files / "Sales 2024.xls").write_bytes(SALES_XLS.read_bytes())
+
+    ok = ok_of(load_dataset({"path": "Sales 2024.xls"}, ctx))
+
+    stored = ctx.load_dataset("sales_2024")
+    assert list(stored.columns) == ["region", "units", "price", "day", "note"]
+    assert stored["region"].tolist() == ["north", "south", "east"]
+    assert stored["units"].tolist() == [12, 7, 0]
+    assert stored["price"].tolist() == [3.5, 4.25, 10.0]
+    assert stored["day"].tolist() == [
+        pd.Timestamp("2024-01-05"),
+        pd.Timestamp("2024-01-06"),
+        pd.Timestamp("2024-02-29"),
+    ]
+    assert stored["note"].tolist()[0] == "first" and pd.isna(stored["note"].tolist()[1])
+    assert "sheets" not in kinds(ok)  # the only visible sheet; the hidden one is not offered
+    notes = ok_of(load_dataset({"path": "Sales 2024.xls", "sheet": 2, "name": "n"}, ctx))
+    assert notes.rows >= 0 and ctx.load_dataset("n").shape[1] >= 1
+
+
+def test_an_excel_97_2003_workbook_under_another_name_is_read_when_asked(
+    ctx: ToolContext, files: Path
+) -> None:
+    (files / "export.csv").write_bytes(SALES_XLS.read_bytes())
+
+    with pytest.raises(HintException) as refused:
+        load_dataset({"path": "export.csv"}, ctx)
+    assert "Excel 97-2003" in refused.value.message
+    assert "format='excel'" in refused.value.message
+
+    ok_of(load_dataset({"path": "export.csv", "format": "excel"}, ctx))
+    assert ctx.load_dataset("export")["units"].tolist() == [12, 7, 0]
+
+
+def test_an_excel_97_2003_workbook_over_the_limit_is_refused_unread(
+    tmp_path: Path, files: Path, store: SqlDatasetStore
+) -> None:
+    small = tools.make_context(tmp_path, store, max_dataset_bytes=1024)
+    (files / "sales.xls").write_bytes(SALES_XLS.read_bytes())  # 5.5 KB
+
+    with pytest.raises(DatasetTooLarge, match="'sales.xls' is too large"):
+        load_dataset({"path": "sales.xls"}, small)
+
+
+def test_another_legacy_office_file_given_as_excel_is_a_hint(ctx: ToolContext, files: Path) -> None:
+    # An OLE compound file that holds no workbook (as a .doc or .msg does).
+    (files / "letter.doc").write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(range(256)) * 8)
+
+    with pytest.raises(HintException) as refused:
+        load_dataset({"path": "letter.doc", "format": "excel"}, ctx)
+
+    assert "could not read 'letter.doc' as an Excel 97-2003 workbook" in refused.value.message
+    assert ctx.list_datasets() == []
+
+
+# Spreadsheets whose grid is far larger than their file: calamine builds a sheet as one dense
+# grid, so these are read in a child process capped in memory (sheet_reader.py).
+# tests/fixtures/grid_bomb.xls (xlwt 1.3.0): "a" at A1 and "b" at IV65536 — 5.6 KB, a grid of
+# 16.7 million cells (1 GB when read in process).
+
+GRID_BOMB_XLS = SALES_XLS.with_name("grid_bomb.xls")
+
+
+def repeated_ods(rows: int, columns: int) -> bytes:
+    """An .ods whose second row is `columns` copies of one cell, repeated `rows` times."""
+    table = (
+        '<table:table table:name="S"><table:table-row><table:table-cell office:value-type='
+        '"string"><text:p>a</text:p></table:table-cell></table:table-row>'
+        f'<table:table-row table:number-rows-repeated="{rows}"><table:table-cell '
+        f'table:number-columns-repeated="{columns}" office:value-type="string"><text:p>x'
+        "</text:p></table:table-cell></table:table-row></table:table>"
+    )
+    data = ods_bytes({"S": []})
+    with zipfile.ZipFile(io.BytesIO(data)) as source:
+        parts = {info.filename: source.read(info) for info in source.infolist()}
+    parts["content.xml"] = re.sub(
+        rb"<table:table .*</table:table>", table.encode(), parts["content.xml"]
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, part in parts.items():
+            archive.writestr(name, part)
+    return buffer.getvalue()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("grid.xls", GRID_BOMB_XLS.read_bytes()),
+        ("repeats.ods", repeated_ods(20_000, 1_000)),  # 20 million cells from ~1 KB
+    ],
+)
+def test_a_sheet_whose_grid_dwarfs_its_file_is_refused_and_the_registry_keeps_its_memory(
+    ctx: ToolContext, files: Path, name: str, data: bytes
+) -> None:
+    (files / name).write_bytes(data)
+    before = peak_rss_mb()
+
+    with pytest.raises(DatasetTooLarge, match="MiB of memory|bytes"):
+        load_dataset({"path": name}, ctx)
+
+    assert peak_rss_mb() - before < 200  # read elsewhere: in process it took 1-2.5 GB
+    assert ctx.list_datasets() == []
+    # ... and the next spreadsheet loads as ever.
+    (files / "sales.xls").write_bytes(SALES_XLS.read_bytes())
+    ok_of(load_dataset({"path": "sales.xls"}, ctx))

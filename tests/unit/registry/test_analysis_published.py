@@ -295,8 +295,7 @@ OLE2 = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(range(256)) * 4
 @pytest.mark.parametrize(
     ("name", "data", "fmt", "what"),
     [
-        ("old.xls", OLE2, None, "Excel"),
-        ("old.csv", OLE2, None, "Excel"),
+        ("old.csv", OLE2, None, "Excel"),  # an .xls is read (test_analysis_excel.py)
         ("records.json", '[{"a": 1}, {"a": 2}]', "csv", "JSON"),  # before: `[{"a": 1}` columns
         ("events.jsonl", '{"a": 1, "b": "x"}\n{"a": 2, "b": "y"}\n', "csv", "JSON Lines"),
         ("events.csv", '{"a": 1, "b": "x"}\n{"a": 2, "b": "y"}\n', None, "JSON Lines"),
