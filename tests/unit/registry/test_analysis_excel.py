@@ -516,7 +516,7 @@ def test_an_excel_97_2003_workbook_over_the_limit_is_refused_unread(
     small = tools.make_context(tmp_path, store, max_dataset_bytes=1024)
     (files / "sales.xls").write_bytes(SALES_XLS.read_bytes())  # 5.5 KB
 
-    with pytest.raises(DatasetTooLarge, match="'sales.xls' is too large"):
+    with pytest.raises(DatasetTooLarge, match=r"'sales\.xls' is too large"):
         load_dataset({"path": "sales.xls"}, small)
 
 
@@ -578,7 +578,7 @@ def test_a_sheet_whose_grid_dwarfs_its_file_is_refused_and_the_registry_keeps_it
     (files / name).write_bytes(data)
     before = peak_rss_mb()
 
-    with pytest.raises(DatasetTooLarge, match="MiB of memory|bytes"):
+    with pytest.raises(DatasetTooLarge, match=r"reading it takes more than \d+ MiB of memory"):
         load_dataset({"path": name}, ctx)
 
     assert peak_rss_mb() - before < 200  # read elsewhere: in process it took 1-2.5 GB
