@@ -22,8 +22,8 @@ TOOLS: list[dict[str, Any]] = [
     {
         "name": "load_dataset",
         "description": (
-            "Load a CSV, Parquet, Excel (.xlsx, .xls), OpenDocument (.ods) or JSON file from the "
-            "platform's data directories into a named table "
+            "Load a CSV, Parquet, Excel (.xlsx, .xls), OpenDocument (.ods) or JSON file, or a "
+            "table of a SQLite database, from the platform's data directories into a named table "
             "(a dataset) of this conversation, so preview_data, describe_entry and query can use "
             "it. Use this first whenever the user refers to a data file. The dataset is named "
             "after the file (lowercased, non [a-z0-9_] characters replaced by _, e.g. "
@@ -53,12 +53,12 @@ TOOLS: list[dict[str, Any]] = [
                 },
                 "format": {
                     "type": "string",
-                    "enum": ["auto", "csv", "parquet", "excel", "json"],
+                    "enum": ["auto", "csv", "parquet", "excel", "json", "sqlite"],
                     "default": "auto",
                     "description": (
                         "File format; 'auto' (default) decides from the extension (.csv, .tsv, "
-                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm/.xls/.ods, or "
-                        ".json/.jsonl/.ndjson)."
+                        ".txt, optionally compressed, .parquet/.pq, .xlsx/.xlsm/.xls/.ods, "
+                        ".json/.jsonl/.ndjson, or .sqlite/.sqlite3/.db)."
                     ),
                 },
                 "sheet": {
@@ -70,6 +70,16 @@ TOOLS: list[dict[str, Any]] = [
                         "Spreadsheets (.xlsx, .xls, .ods): the sheet to load, by name or 1-based "
                         "position (2). Omitted: the first sheet with data (the others are named "
                         "in a warning). Ignored for CSV, Parquet and JSON."
+                    ),
+                },
+                "table": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 128,
+                    "description": (
+                        "SQLite databases: the table to load (the dataset is named after it "
+                        "unless `name` is given). Omitted: the database's only table. Ignored "
+                        "for other formats."
                     ),
                 },
                 "delimiter": {

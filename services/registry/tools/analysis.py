@@ -110,6 +110,10 @@ XLS_SUFFIXES = frozenset({".xls"})
 # (BIFF in an OLE compound file) with calamine.
 SPREADSHEET_SUFFIXES = EXCEL_SUFFIXES | ODS_SUFFIXES | XLS_SUFFIXES
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+# SQLite databases: one table of one loaded (`table`), read through the file already opened.
+SQLITE_SUFFIXES = frozenset({".sqlite", ".sqlite3", ".db", ".db3"})
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SQLITE_FETCH_ROWS = 5000
 JSON_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson"})
 # The compressions DuckDB's JSON reader decompresses (a path in /proc has no extension to say).
 JSON_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
@@ -145,7 +149,7 @@ _BOMS = (
     (b"\xfe\xff", "utf-16"),
 )
 
-FileFormat = Literal["csv", "parquet", "excel", "json"]
+FileFormat = Literal["csv", "parquet", "excel", "json", "sqlite"]
 _Quoting = Literal[0, 1, 2, 3]  # csv.QUOTE_*
 
 
@@ -684,7 +688,7 @@ SUPPORTED_FORMATS = (
     "load_dataset reads CSV text (.csv, .tsv, .txt, also compressed: .gz, .bz2, .xz, .zst or a "
     "one-file .zip), Parquet (.parquet, .pq), spreadsheets (.xlsx, .xlsm, .xls, .ods) and JSON "
     "(.json: an array of records, or a document holding one; .jsonl/.ndjson: a record per "
-    "line; also .gz or .zst)"
+    "line; also .gz or .zst), and a table of a SQLite database (.sqlite, .sqlite3, .db)"
 )
 # Formats load_dataset does not read, by extension: what the file is, and what to do instead.
 _EXCEL_ADVICE = "save the sheet as .xlsx or CSV (UTF-8) and load that"
@@ -702,8 +706,6 @@ _UNSUPPORTED_SUFFIXES: dict[str, tuple[str, str]] = {
     ".sas7bdat": ("a SAS data file", _CONVERT_ADVICE),
     ".h5": ("an HDF5 file", _CONVERT_ADVICE),
     ".hdf5": ("an HDF5 file", _CONVERT_ADVICE),
-    ".sqlite": ("a SQLite database", _CONVERT_ADVICE),
-    ".db": ("a database file", _CONVERT_ADVICE),
     ".pdf": ("a PDF document", "extract its tables to CSV and load that"),
 }
 PARQUET_MAGIC = b"PAR1"
@@ -716,7 +718,7 @@ _FOREIGN_FILE_MAGIC: tuple[tuple[bytes, str, str], ...] = (
         "pass format='excel' (or name it .xls) to read it as a workbook",
     ),
     (b"ARROW1", "an Arrow IPC (Feather) file", _CONVERT_ADVICE),
-    (b"SQLite format 3\x00", "a SQLite database", _CONVERT_ADVICE),
+    (SQLITE_MAGIC, "a SQLite database", "pass format='sqlite' (and table=...) to load a table"),
     (b"%PDF-", "a PDF document", "extract its tables to CSV and load that"),
     (b"\x89HDF\r\n\x1a\n", "an HDF5 file", _CONVERT_ADVICE),
     (b"Obj\x01", "an Avro file", _CONVERT_ADVICE),
@@ -774,12 +776,16 @@ def _detect_format(
     """The format to read `opened` as: Parquet when its bytes are (whatever it is named or
     `requested` says, with a warning), else what `requested` or the extension says. A format
     load_dataset does not read (Excel, JSON…) is a schema Hint naming the ones it does."""
-    if requested not in ("auto", "csv", "parquet", "excel", "json"):
+    formats = ("csv", "parquet", "excel", "json", "sqlite")
+    if requested not in ("auto", *formats):
         raise HintException(
             "schema",
-            f"format must be 'auto', 'csv', 'parquet', 'excel' or 'json', not {requested!r}",
-            [{"label": f, "score": 0.5} for f in ("csv", "parquet", "excel", "json")],
+            f"format must be 'auto', 'csv', 'parquet', 'excel', 'json' or 'sqlite', not "
+            f"{requested!r}",
+            [{"label": f, "score": 0.5} for f in formats],
         )
+    if requested == "sqlite" or (requested == "auto" and path.suffix.lower() in SQLITE_SUFFIXES):
+        return "sqlite"
     suffixes = _format_suffixes(path)
     last = suffixes[-1] if suffixes else ""
     if requested != "excel" and _is_xlsx(opened):
@@ -816,6 +822,8 @@ def _detect_format(
     if last in _UNSUPPORTED_SUFFIXES:
         raise _unsupported(path.name, *_UNSUPPORTED_SUFFIXES[last])
     head = _peek(opened)
+    if requested == "auto" and head.startswith(SQLITE_MAGIC):  # whatever its name says
+        return "sqlite"
     for magic, what, advice in _FOREIGN_FILE_MAGIC:
         if head.startswith(magic):
             raise _unsupported(path.name, what, advice)
@@ -3643,6 +3651,145 @@ def _parquet_size_estimate(parquet: pq.ParquetFile) -> int:
     return total
 
 
+def _sqlite_tables(con: Any) -> tuple[list[str], list[str]]:
+    """The database's tables (virtual ones included) and views, in the order created; its own
+    sqlite_ tables left out."""
+    tables: list[str] = []
+    views: list[str] = []
+    for kind, name in con.execute(
+        "SELECT type, name FROM sqlite_schema WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY rowid"
+    ):
+        (tables if kind == "table" else views).append(str(name))
+    return tables, views
+
+
+def _sqlite_column(name: str, values: list[Any], mixed: list[str]) -> pa.Array:
+    """A column of SQLite values (each row's own type) as one Arrow type: integers, floats
+    (integers among floats as floats), text or bytes; a column mixing text with numbers or
+    bytes as text (named in `mixed`)."""
+    kinds = {type(v) for v in values if v is not None}
+    if not kinds or kinds == {str}:
+        return pa.array(values, type=pa.string())
+    if kinds == {int}:
+        return pa.array(values, type=pa.int64())
+    if kinds <= {int, float}:
+        return pa.array([float(v) if v is not None else None for v in values], type=pa.float64())
+    if kinds == {bytes}:
+        return pa.array(values, type=pa.binary())
+    mixed.append(name)
+    return pa.array(
+        [v.hex() if isinstance(v, bytes) else (None if v is None else str(v)) for v in values],
+        type=pa.string(),
+    )
+
+
+def _read_sqlite(
+    opened: IO[bytes], path: Path, table: str | None, limit: int, warnings: list[Warning]
+) -> tuple[pd.DataFrame, str]:
+    """A table of the SQLite database on `opened` as a DataFrame, with the table's name: the
+    one `table` names, or the only one. Opened read-only and immutable (no lock, no journal
+    looked for) from the very file opened; the schema untrusted (trusted_schema off, and
+    views are not read: a view is a query the file's author wrote); the read stops at the
+    byte limit, and when the call is cancelled."""
+    import sqlite3
+
+    uri = f"file:/proc/self/fd/{opened.fileno()}?mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise HintException(
+            "schema", f"could not open {path.name!r} as a SQLite database: {_first_lines(exc)}"
+        ) from exc
+    cancelled: list[bool] = []
+
+    def progress() -> int:
+        try:
+            raise_if_cancelled()
+        except CallCancelled:
+            cancelled.append(True)
+            return 1  # interrupts the statement
+        return 0
+
+    try:
+        con.execute("PRAGMA trusted_schema = OFF")
+        con.execute("PRAGMA query_only = ON")
+        # No value past the byte limit (a generated column of zeroblob(1e9) would take 1 GB
+        # a row); the cancellation looked at every thousand steps of the statement.
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1, min(limit, 1_000_000_000)))
+        con.set_progress_handler(progress, 1000)
+        tables, views = _sqlite_tables(con)
+        names = [*tables, *views]
+        chosen: str | None = None
+        if table is not None:
+            wanted = table.strip()
+            chosen = next((t for t in names if t == wanted), None) or next(
+                (t for t in names if t.casefold() == wanted.casefold()), None
+            )
+            if chosen is None:
+                raise HintException(
+                    "schema",
+                    f"{path.name!r} has no table {wanted!r}; its tables are: "
+                    + (", ".join(repr(t) for t in tables[:30]) or "none"),
+                    _ranked([(_score(wanted, t), t, {"table": t}) for t in tables], limit=3),
+                )
+        elif len(tables) == 1:
+            chosen = tables[0]
+        elif not tables:
+            raise HintException("schema", f"the SQLite database {path.name!r} has no tables")
+        else:
+            raise HintException(
+                "fetch",
+                f"the SQLite database {path.name!r} holds {len(tables)} tables: name the one to "
+                "load with table=... (load each you need under its own name): "
+                + ", ".join(repr(t) for t in tables[:30])
+                + (f" and {len(tables) - 30} more" if len(tables) > 30 else ""),
+                [{"label": f"table={t!r}", "score": 1.0, "action": "add"} for t in tables[:5]],
+            )
+        if chosen in views:
+            raise HintException(
+                "schema",
+                f"{chosen!r} is a view of {path.name!r}, and views are not loaded (a view is a "
+                "query stored in the file): load the tables it reads and query them",
+                [{"label": f"table={t!r}", "score": 0.5, "action": "add"} for t in tables[:5]],
+            )
+        quoted = '"' + chosen.replace('"', '""') + '"'
+        cursor = con.execute(f"SELECT * FROM {quoted}")  # a name the database listed, quoted
+        header = [str(d[0]) for d in cursor.description]
+        columns: list[list[Any]] = [[] for _ in header]
+        size = 0
+        cursor.arraysize = SQLITE_FETCH_ROWS
+        for row in cursor:  # one row at a time: the limit holds within a batch too
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
+                size += len(value) if isinstance(value, (str, bytes)) else 8
+            if size > limit:
+                raise _too_large(path.name, f"table {chosen!r} holds over {limit} bytes", limit)
+    except sqlite3.Error as exc:
+        if cancelled:
+            raise CallCancelled("the call was cancelled while reading the database") from exc
+        raise HintException(
+            "schema", f"could not read {path.name!r} as a SQLite database: {_first_lines(exc)}"
+        ) from exc
+    finally:
+        con.close()
+    mixed: list[str] = []
+    table_pa = pa.table(
+        [_sqlite_column(n, v, mixed) for n, v in zip(header, columns, strict=True)],
+        names=_sql_column_names(header, warnings),
+    )
+    if mixed:
+        warnings.append(
+            Warning(
+                kind="mixed_types",
+                message="column(s) holding text beside numbers or bytes were loaded as text: "
+                + ", ".join(mixed[:20]),
+                details={"columns": mixed[:100]},
+            )
+        )
+    return _arrow_to_pandas(table_pa, warnings), chosen
+
+
 def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     """Load a CSV, Parquet or Excel file inside the data roots as a dataset of the
     conversation."""
@@ -3659,6 +3806,7 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
     header = inputs.get("header")
     if header is not None and not isinstance(header, bool):
         raise HintException("schema", f"`header` must be true or false, not {header!r}"[:300])
+    table_name = _str_input(inputs, "table", required=False)
     if explicit_name is not None:
         _check_identifier(explicit_name, "name")
 
@@ -3679,17 +3827,22 @@ def load_dataset(inputs: dict[str, Any], context: ToolContext) -> ToolResult:
             df = _read_excel(opened, path, sheet, header, limit, warnings)
         elif file_format == "json":
             df = _read_json(opened, path, limit, warnings)
+        elif file_format == "sqlite":
+            df, table_name = _read_sqlite(opened, path, table_name, limit, warnings)
         else:
             df = _read_parquet(opened, path, limit, warnings)
     df = _sql_named_columns(df, warnings)
 
-    stem = _file_stem(path)
+    # A database's table is named after the table (a file holds many), anything else after
+    # the file.
+    stem = table_name if file_format == "sqlite" and table_name else _file_stem(path)
+    named_by = "table" if file_format == "sqlite" else "file"
     name = explicit_name if explicit_name is not None else sanitize_identifier(stem)
     if explicit_name is None and name != stem:
         warnings.append(
             Warning(
                 kind="renamed",
-                message=f"saved as dataset {name!r} (file name {stem!r} is not a SQL name)",
+                message=f"saved as dataset {name!r} ({named_by} name {stem!r} is not a SQL name)",
                 details={"name": name},
             )
         )
