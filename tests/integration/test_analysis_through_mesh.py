@@ -358,3 +358,49 @@ def test_a_workbook_sheet_and_a_json_file_load_through_the_mesh(mesh: Mesh) -> N
     assert data_rows(joined) == [{"city": "Oslo", "visits": 3}, {"city": "Rome", "visits": 4}]
     bad_sheet = call(mesh, "load_dataset", {"path": "visits.xlsx", "sheet": 0}, conversation="x")
     assert "sheet" in schema_hint(bad_sheet).message
+
+
+def test_a_legacy_workbook_and_a_database_table_load_and_join_through_the_mesh(
+    mesh: Mesh,
+) -> None:
+    """An Excel 97-2003 workbook (read by its own capped child process of the registry's) and a
+    table of a SQLite database, joined with SQL; a workbook whose grid dwarfs its file is
+    refused and the registry goes on serving."""
+    import sqlite3
+
+    con = sqlite3.connect(mesh.files_dir / "regions.sqlite")
+    con.executescript(
+        "CREATE TABLE region (name TEXT, manager TEXT);"
+        "INSERT INTO region VALUES ('north', 'Ada'), ('south', 'Bo'), ('east', 'Cy');"
+        "CREATE TABLE other (x INTEGER);"
+    )
+    con.commit()
+    con.close()
+    conversation = "formats"
+    assert ok(call(mesh, "load_dataset", {"path": "sales.xls"}, conversation=conversation))
+    loaded = ok(
+        call(
+            mesh,
+            "load_dataset",
+            {"path": "regions.sqlite", "table": "region"},
+            conversation=conversation,
+        )
+    )
+    assert loaded.rows == 3
+    joined = call(
+        mesh,
+        "query",
+        {
+            "sql": "SELECT r.manager, s.units FROM sales s JOIN region r ON r.name = s.region "
+            "ORDER BY s.units DESC"
+        },
+        conversation=conversation,
+    )
+    assert data_rows(joined) == [
+        {"manager": "Ada", "units": 12},
+        {"manager": "Bo", "units": 7},
+        {"manager": "Cy", "units": 0},
+    ]
+    bomb = call(mesh, "load_dataset", {"path": "grid_bomb.xls"}, conversation=conversation)
+    assert kind(bomb) == "err" and "MiB of memory" in bomb.content, bomb.content
+    assert ok(call(mesh, "preview_data", {"name": "sales"}, conversation=conversation))
