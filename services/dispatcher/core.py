@@ -153,29 +153,23 @@ class DispatchOutcome:
         )
 
     def replay(self) -> DispatchOutcome:
-        """This outcome as the answer to a retry of its call."""
-        result = pb.ToolResult()
-        result.CopyFrom(self.result)
-        return DispatchOutcome(
-            result=result,
-            duration_ms=self.duration_ms,
-            args_hash=self.args_hash,
-            tool_use_id=self.tool_use_id,
-            warnings=list(self.warnings),
-            replayed=True,
-            final=True,
-        )
+        """This outcome as the answer to a retry of its call (a copy)."""
+        return DispatchOutcome.answering(self.to_pb())
 
     @classmethod
     def from_stored(cls, response: bytes) -> DispatchOutcome:
         """A logged response, as the answer to a retry (DecodeError if it is not one)."""
-        pbr = dpb.DispatchToolCallResponse.FromString(response)
+        return cls.answering(dpb.DispatchToolCallResponse.FromString(response))
+
+    @classmethod
+    def answering(cls, response: dpb.DispatchToolCallResponse) -> DispatchOutcome:
+        """`response` (the outcome's own, no one else's) as the answer to a retry."""
         return cls(
-            result=pbr.result,
-            duration_ms=pbr.duration_ms,
-            args_hash=pbr.args_hash,
-            tool_use_id=pbr.tool_use_id,
-            warnings=list(pbr.warnings),
+            result=response.result,
+            duration_ms=response.duration_ms,
+            args_hash=response.args_hash,
+            tool_use_id=response.tool_use_id,
+            warnings=list(response.warnings),
             replayed=True,
             final=True,
         )

@@ -28,15 +28,7 @@ from services.registry.tools import analysis
 from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
 from shared.contract import HintException
 
-from . import test_analysis_tools as tools
-from .test_analysis_formats import kinds, warning_of
-
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
+from .analysis_support import kinds, make_context, ok_of, warning_of
 
 
 def published_workbook(path: Path) -> None:
@@ -132,7 +124,7 @@ def test_a_workbook_named_csv_is_read_as_a_workbook(ctx: ToolContext, files: Pat
 def test_a_zip_bomb_dressed_as_a_workbook_is_refused_before_it_is_parsed(
     tmp_path: Path, files: Path, store: SqlDatasetStore
 ) -> None:
-    small = tools.make_context(tmp_path, store, max_dataset_bytes=1 << 20)
+    small = make_context(tmp_path, store, max_dataset_bytes=1 << 20)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("xl/workbook.xml", "<workbook/>")
@@ -513,7 +505,7 @@ def test_an_excel_97_2003_workbook_under_another_name_is_read_when_asked(
 def test_an_excel_97_2003_workbook_over_the_limit_is_refused_unread(
     tmp_path: Path, files: Path, store: SqlDatasetStore
 ) -> None:
-    small = tools.make_context(tmp_path, store, max_dataset_bytes=1024)
+    small = make_context(tmp_path, store, max_dataset_bytes=1024)
     (files / "sales.xls").write_bytes(SALES_XLS.read_bytes())  # 5.5 KB
 
     with pytest.raises(DatasetTooLarge, match=r"'sales\.xls' is too large"):

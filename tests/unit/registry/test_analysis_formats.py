@@ -16,28 +16,9 @@ import pytest
 
 from services.registry.context import ToolContext
 from services.registry.tools.analysis import describe_entry, load_dataset, query
-from shared.contract import HintException, Warning
+from shared.contract import HintException
 
-from . import test_analysis_tools as tools
-
-# The fixtures of the analysis tests, shared.
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
-
-
-def kinds(ok: object) -> list[str]:
-    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
-
-
-def warning_of(ok: object, kind: str) -> Warning:
-    """The one warning of `kind` among `ok`'s."""
-    [warning] = [w for w in ok.warnings if w.kind == kind]  # type: ignore[attr-defined]
-    return warning
-
+from .analysis_support import kinds, ok_of, warning_of
 
 # --------------------------------------------------------------------------------------------
 # CSV values

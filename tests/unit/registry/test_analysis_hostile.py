@@ -33,16 +33,7 @@ from services.registry.tools.analysis import (
 from shared.contract import HintException, Ok
 from shared.convert import tool_result_to_pb
 
-from . import test_analysis_tools as tools
-
-# The fixtures of the analysis tests, shared.
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-make_context = tools.make_context
-ok_of = tools.ok_of
+from .analysis_support import make_context, ok_of
 
 DEADLINE_S = 30.0
 

@@ -21,15 +21,7 @@ from services.registry.tools.analysis import (
 )
 from shared.contract import HintException
 
-from . import test_analysis_tools as tools
-from .test_analysis_formats import warning_of
-
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
+from .analysis_support import make_context, ok_of, warning_of
 
 RECORDS = [
     {
@@ -131,7 +123,7 @@ def test_malformed_json_is_a_hint_naming_the_file_and_the_fault(
 def test_a_json_file_over_the_dataset_limit_is_refused(
     tmp_path: Path, files: Path, store: SqlDatasetStore
 ) -> None:
-    small = tools.make_context(tmp_path, store, max_dataset_bytes=64 * 1024)
+    small = make_context(tmp_path, store, max_dataset_bytes=64 * 1024)
     rows = "".join(json.dumps({"i": i, "text": "x" * 200}) + "\n" for i in range(2000))
     (files / "big.jsonl.gz").write_bytes(gzip.compress(rows.encode()))  # small on disk
 

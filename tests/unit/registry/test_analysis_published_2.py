@@ -23,19 +23,7 @@ from shared.arrow_ipc import (
 )
 from shared.convert import envelope_from_pb, envelope_to_pb
 
-from . import test_analysis_tools as tools
-
-# The fixtures of the analysis tests, shared.
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
-
-
-def kinds(ok: object) -> list[str]:
-    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
+from .analysis_support import kinds, ok_of
 
 
 def names(ok: object) -> list[str]:

@@ -18,19 +18,7 @@ import pytest
 from services.registry.context import ToolContext
 from services.registry.tools.analysis import describe_entry, load_dataset, preview_data, query
 
-from . import test_analysis_tools as tools
-
-# The fixtures of the analysis tests, shared.
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
-
-
-def kinds(ok: object) -> list[str]:
-    return [w.kind for w in ok.warnings]  # type: ignore[attr-defined]
+from .analysis_support import kinds, ok_of
 
 
 def names(ok: object) -> list[str]:

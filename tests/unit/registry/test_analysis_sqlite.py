@@ -15,15 +15,7 @@ from services.registry.datasets import SqlDatasetStore
 from services.registry.tools.analysis import DatasetTooLarge, load_dataset, query
 from shared.contract import HintException
 
-from . import test_analysis_tools as tools
-from .test_analysis_formats import warning_of
-
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
-ctx = tools.ctx
-ok_of = tools.ok_of
+from .analysis_support import make_context, ok_of, warning_of
 
 
 def concert_db(path: Path) -> None:
@@ -165,7 +157,7 @@ def test_a_table_decoding_to_more_than_the_limit_is_refused(
     con.commit()
     con.close()
     assert (files / "flags.sqlite").stat().st_size < 2 << 20
-    small = tools.make_context(tmp_path, store, max_dataset_bytes=2 << 20)
+    small = make_context(tmp_path, store, max_dataset_bytes=2 << 20)
 
     with pytest.raises(DatasetTooLarge, match=r"table 't' holds over"):
         load_dataset({"path": "flags.sqlite"}, small)
@@ -185,7 +177,7 @@ def test_a_generated_column_cannot_make_values_past_the_limit(
     )
     con.commit()
     con.close()
-    small = tools.make_context(tmp_path, store, max_dataset_bytes=1 << 20)
+    small = make_context(tmp_path, store, max_dataset_bytes=1 << 20)
 
     with pytest.raises(HintException, match="too big"):
         load_dataset({"path": "gen.sqlite"}, small)

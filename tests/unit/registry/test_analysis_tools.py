@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import Engine
 
 from services.registry.context import ToolContext
 from services.registry.datasets import SqlDatasetStore
@@ -31,89 +30,10 @@ from services.registry.tools.analysis import (
     preview_data,
     query,
 )
-from shared.config import Settings
-from shared.contract import Err, Hint, HintException, Ok
+from shared.contract import Hint, HintException, Ok
 from shared.contract.result import exception_to_envelope
-from shared.db.engine import make_engine, session_factory
-from shared.db.models import Base
 
-PEOPLE_CSV = (
-    "id,name,city,age,joined\n"
-    "1,Ada,London,36,2021-03-01\n"
-    "2,Grace,Arlington,45,2020-11-15\n"
-    "3,Linus,Helsinki,28,2022-01-20\n"
-    "4,Margaret,Boston,,2019-07-04\n"
-    "5,Zoë,Zürich,,2023-05-05\n"
-)
-ORDERS_CSV = (
-    "order_id,person_id,amount,status\n"
-    "100,1,12.50,paid\n"
-    "101,1,7.25,paid\n"
-    "102,2,99.00,refunded\n"
-    "103,3,3.10,paid\n"
-)
-
-
-@pytest.fixture
-def files(tmp_path: Path) -> Path:
-    root = tmp_path / "files"
-    root.mkdir()
-    (root / "people.csv").write_text(PEOPLE_CSV, encoding="utf-8")
-    (root / "orders.csv").write_text(ORDERS_CSV, encoding="utf-8")
-    return root
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path}/t.db"
-    engine = make_engine(url)
-    Base.metadata.create_all(engine)
-    engine.dispose()
-    return url
-
-
-@pytest.fixture
-def make_store(db_url: str) -> Iterator[Callable[[], SqlDatasetStore]]:
-    """Builds stores on their own engines, like separate registry replicas."""
-    engines: list[Engine] = []
-
-    def build() -> SqlDatasetStore:
-        engines.append(make_engine(db_url))
-        return SqlDatasetStore(session_factory(engines[-1]))
-
-    yield build
-    for engine in engines:
-        engine.dispose()
-
-
-@pytest.fixture
-def store(make_store: Callable[[], SqlDatasetStore]) -> SqlDatasetStore:
-    return make_store()
-
-
-def make_context(
-    tmp_path: Path,
-    store: SqlDatasetStore,
-    *,
-    tenant_id: str = "t1",
-    conversation_id: str = "c1",
-    **overrides: Any,
-) -> ToolContext:
-    settings = Settings.from_env({"TOOLMESH_DATA_DIR": str(tmp_path)}).with_overrides(
-        data_roots=(tmp_path / "files",), **overrides
-    )
-    return ToolContext(
-        tool_name="analysis",
-        tenant_id=tenant_id,
-        conversation_id=conversation_id,
-        settings=settings,
-        datasets=store,
-    )
-
-
-@pytest.fixture
-def ctx(tmp_path: Path, files: Path, store: SqlDatasetStore) -> ToolContext:
-    return make_context(tmp_path, store)
+from .analysis_support import make_context, ok_of
 
 
 @pytest.fixture
@@ -121,16 +41,6 @@ def loaded(ctx: ToolContext) -> ToolContext:
     load_dataset({"path": "people.csv"}, ctx)
     load_dataset({"path": "orders.csv"}, ctx)
     return ctx
-
-
-def ok_of(result: Any) -> Ok:
-    """The Ok of a spec-only handler's ToolResult, or a source-decorated handler's Ok."""
-    if isinstance(result, Ok | Hint | Err):
-        assert isinstance(result, Ok), result
-        return result
-    assert isinstance(result.envelope, Ok), result.content
-    assert result.error is None
-    return result.envelope
 
 
 def hint_of(excinfo: pytest.ExceptionInfo[HintException]) -> HintException:

@@ -23,13 +23,9 @@ from services.registry.core import Registry
 from services.registry.datasets import SqlDatasetStore
 from services.registry.repository import SqlToolRepository
 
-from . import test_analysis_tools as tools
+from .analysis_support import make_context
 
 # The analysis tests' fixtures.
-db_url = tools.db_url
-make_store = tools.make_store
-store = tools.store
-files = tools.files
 
 NEVER_ENDS = (
     "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t"
@@ -53,7 +49,7 @@ async def test_a_cancelled_query_stops_at_once_not_at_its_time_limit(
     registry = Registry(SqlToolRepository(sessions), cache_ttl_s=0.0)
     registry.seed_system_tools()
     assert registry.auto_register_handlers() == {}
-    ctx = tools.make_context(tmp_path, store)  # the query's own limit: 60 s
+    ctx = make_context(tmp_path, store)  # the query's own limit: 60 s
     call = asyncio.create_task(registry.execute("query", {"sql": NEVER_ENDS}, ctx))
     await wait_for(lambda: watchdogs(), 20)
     began = time.monotonic()
