@@ -3117,6 +3117,8 @@ class _SheetFacts:
 def _sheet_facts(ws: Any) -> _SheetFacts:
     """The worksheet's merged ranges and uncalculated formulas, read off its XML part in
     chunks; none when the part cannot be read so."""
+    if isinstance(ws, _ChildSheet):  # calamine's own list (it keeps formulas' values only)
+        return _SheetFacts(ws.merged(), 0)
     merged: set[tuple[int, int, int, int]] = set()
     uncalculated = 0
     carry = b""
@@ -3272,6 +3274,9 @@ class _ChildSheet:
         rows = self._reader.rows(self._position)
         return itertools.islice(rows, max_row) if max_row is not None else rows
 
+    def merged(self) -> list[tuple[int, int, int, int]]:
+        return self._reader.merged(self._position)
+
 
 class _SheetReader:
     """A spreadsheet read by calamine in a child process capped in memory (see
@@ -3300,7 +3305,8 @@ class _SheetReader:
             close_fds=True,
         )
         self._buffered = b""
-        self._asked = False
+        self._asked: int | None = None
+        self._merged: list[tuple[int, int, int, int]] = []
         self.worksheets: list[_ChildSheet] = []
 
     def __enter__(self) -> _SheetReader:
@@ -3328,14 +3334,28 @@ class _SheetReader:
             if pipe is not None:
                 pipe.close()
 
-    def rows(self, position: int) -> Iterator[list[Any]]:
-        """The rows of worksheet `position` (one sheet per reader: the one chosen)."""
-        if self._asked:
-            raise AssertionError("the sheet reader sends one sheet")
-        self._asked = True
+    def _ask(self, position: int) -> None:
+        """Ask for worksheet `position` (one sheet per reader: the one chosen) and read its
+        merged ranges, which come before its rows."""
+        if self._asked is not None:
+            if self._asked != position:
+                raise AssertionError("the sheet reader sends one sheet")
+            return
+        self._asked = position
         assert self._child.stdin is not None
         self._child.stdin.write(f"{position}\n".encode())
         self._child.stdin.flush()
+        self._merged = [
+            (int(r1), int(c1), int(r2), int(c2)) for r1, c1, r2, c2 in self._next()["merged"]
+        ]
+
+    def merged(self, position: int) -> list[tuple[int, int, int, int]]:
+        self._ask(position)
+        return self._merged
+
+    def rows(self, position: int) -> Iterator[list[Any]]:
+        """The rows of worksheet `position`."""
+        self._ask(position)
         while True:
             item = self._next()
             if isinstance(item, list):
@@ -3360,7 +3380,7 @@ class _SheetReader:
             self._buffered += chunk
         line, self._buffered = self._buffered.split(b"\n", 1)
         item = json.loads(line)
-        if isinstance(item, dict) and not {"sheets", "end"} & item.keys():
+        if isinstance(item, dict) and not {"sheets", "merged", "end"} & item.keys():
             self._failed(item)
         return item
 

@@ -15,7 +15,8 @@ with the file open on descriptor FD. A conversation of JSON lines:
   `tabular`: one of a sheet's first TABULAR_ROWS rows has two filled cells (see
   analysis._looks_tabular);
 - it reads the position of the sheet wanted (a line holding an integer; -1: none);
-- it writes that sheet's rows, each a JSON array of cells (trailing empty cells left out; a
+- it writes {"merged": [[first row, first column, last row, last column]...]} (1-based), then
+  that sheet's rows, each a JSON array of cells (trailing empty cells left out; a
   date, time, datetime or duration as {"date": iso} and the like), then {"end": true}.
 A failure is {"error": message}, {"memory": true} or {"too_large": bytes}, and exit status 1; a
 child whose memory runs out in calamine's Rust code is killed by the signal that follows.
@@ -32,6 +33,7 @@ import sys
 from typing import Any
 
 TABULAR_ROWS = 200
+MAX_MERGED_RANGES = 100_000  # analysis.MAX_MERGED_RANGES
 
 
 def _cell(value: Any) -> Any:
@@ -97,7 +99,17 @@ def main(argv: list[str]) -> int:
         wanted = int(sys.stdin.readline() or -1)
         if not 0 <= wanted < len(worksheets):
             return 0
-        for row in book.get_sheet_by_index(worksheets[wanted][0]).iter_rows():
+        sheet = book.get_sheet_by_index(worksheets[wanted][0])
+        ranges = getattr(sheet, "merged_cell_ranges", None) or []
+        emit(
+            {
+                "merged": [
+                    [r1 + 1, c1 + 1, r2 + 1, c2 + 1]
+                    for (r1, c1), (r2, c2) in ranges[:MAX_MERGED_RANGES]
+                ]
+            }
+        )
+        for row in sheet.iter_rows():
             cells = [_cell(v) for v in row]
             while cells and cells[-1] == "":
                 cells.pop()

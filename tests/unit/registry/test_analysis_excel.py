@@ -578,3 +578,19 @@ def test_a_sheet_whose_grid_dwarfs_its_file_is_refused_and_the_registry_keeps_it
     # ... and the next spreadsheet loads as ever.
     (files / "sales.xls").write_bytes(SALES_XLS.read_bytes())
     ok_of(load_dataset({"path": "sales.xls"}, ctx))
+
+
+def test_merged_cells_of_an_excel_97_2003_workbook_fill_as_in_a_workbook(
+    ctx: ToolContext, files: Path
+) -> None:
+    """tests/fixtures/quarters.xls (xlwt 1.3.0): the quarters table of the .xlsx test above,
+    year labels merged over their quarters and a region merged down its two rows."""
+    (files / "quarters.xls").write_bytes(SALES_XLS.with_name("quarters.xls").read_bytes())
+
+    ok = ok_of(load_dataset({"path": "quarters.xls"}, ctx))
+
+    assert "header_rows" in kinds(ok) and "merged_cells" in kinds(ok)
+    stored = ctx.load_dataset("quarters")
+    assert list(stored.columns) == ["Region", "2023 Q1", "2023 Q2", "2024 Q1", "2024 Q2"]
+    assert stored["Region"].tolist() == ["North", "North"]
+    assert stored["2023 Q2"].tolist() == [11.5, 21.0]
