@@ -47,7 +47,9 @@ def _cell(value: Any) -> Any:
         return {"time": value.isoformat()}
     if isinstance(value, datetime.timedelta):
         return {"timedelta": value.total_seconds()}
-    return value  # str, int, float, bool
+    if isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    return str(value)  # anything else calamine may hand over (an error cell): its text
 
 
 def _tabular(rows: Any) -> bool:
