@@ -584,6 +584,47 @@ class Dispatcher:
         else:
             answering.outcome.cancel()
 
+    async def _record_replay(
+        self, context: pb.CallContext, tool_use: pb.ToolUse, outcome: DispatchOutcome
+    ) -> DispatchOutcome:
+        """Keep a `replayed` event in the conversation's events (no log row: no tool ran), so
+        a retry answered from the log shows there. Best effort: the answer goes out anyway."""
+        fx = CallEffects()
+        fx.event(
+            "replayed",
+            {
+                "tool_name": tool_use.name,
+                "tool_use_id": outcome.tool_use_id,
+                "args_hash": outcome.args_hash,
+                "envelope": convert.envelope_kind(outcome.result),
+                "answered_in_ms": outcome.duration_ms,
+                "user_id": context.user_id,
+            },
+            outcome.tool_use_id,
+        )
+        record = CallRecord(
+            tool_name=tool_use.name,
+            tenant_id=context.tenant_id,
+            user_id=context.user_id,
+            conversation_id=context.conversation_id,
+            tool_use_id=outcome.tool_use_id,
+            args_hash=outcome.args_hash,
+            input_data=None,
+            output_summary="",
+            success=True,
+            error=None,
+            execution_ms=0.0,
+            trace_id=current_trace_id(),
+            events=list(fx.events),
+            model=context.model,
+            log_row=False,
+        )
+        try:
+            await self._log.write(record)
+        except ToolmeshError as exc:
+            logger.warning("the replay of %s could not be logged: %s", tool_use.id, exc.message)
+        return outcome
+
     async def _dispatch_parsed(
         self,
         tool_use: pb.ToolUse,
@@ -602,7 +643,7 @@ class Dispatcher:
             hashed = call_hashes(tool_use.name, inputs)[0]
             earlier = await self._running_answer(key, tool_use.name, hashed)
             if earlier is not None:
-                return earlier
+                return await self._record_replay(context, tool_use, earlier)
             answering = self._begin_answering(key, tool_use.name, hashed)
         outcome: DispatchOutcome | None = None
         try:
@@ -611,7 +652,7 @@ class Dispatcher:
                 context, [(tool_use, inputs)], approaches, display, [answering is not None]
             )
             if isinstance(planned, DispatchOutcome):
-                outcome = planned
+                outcome = await self._record_replay(context, tool_use, planned)
             else:
                 planned.stop = stop
                 outcome = await self._run(planned, approaches, raise_rpc_errors=raise_rpc_errors)
@@ -713,7 +754,7 @@ class Dispatcher:
             outcome: DispatchOutcome | None = None
             try:
                 if isinstance(plan, DispatchOutcome):
-                    outcome = plan
+                    outcome = await self._record_replay(context, valid[j][0], plan)
                 else:
                     try:
                         outcome = await self._run(plan, approaches, raise_rpc_errors=False)
@@ -728,7 +769,7 @@ class Dispatcher:
             (key, hashed), (tu, inputs) = follow[j], valid[j]
             outcome = await self._running_answer(key, tu.name, hashed)
             if outcome is not None:
-                return outcome
+                return await self._record_replay(context, tu, outcome)
             try:  # the call it waited for was not answered: it runs itself
                 return await self._dispatch_parsed(tu, inputs, context, raise_rpc_errors=False)
             except ToolmeshError as error:

@@ -130,6 +130,9 @@ class CallRecord:
     # The serialized DispatchToolCallResponse a retry of the call is answered with (a call the
     # client named by tool_use id, in a conversation); None otherwise.
     response: bytes | None = None
+    # False for a record of events alone (a retry answered from the log: no tool ran, so no
+    # tool_execution_log row).
+    log_row: bool = True
 
 
 @dataclass(frozen=True)
@@ -845,30 +848,32 @@ def _insert_records(cursor: Any, prepared: PreparedCache, records: Sequence[Call
     log_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
     for record in records:
-        log_rows.append(
-            {
-                "tool_name": record.tool_name,
-                "tenant_id": record.tenant_id,
-                "user_id": record.user_id,
-                "conversation_id": record.conversation_id,
-                "tool_use_id": record.tool_use_id,
-                "args_hash": record.args_hash,
-                "input_data": record.input_data,
-                "output_summary": record.output_summary,
-                "success": record.success,
-                "error": record.error,
-                "execution_ms": record.execution_ms,
-                "trace_id": record.trace_id,
-                "created_at": now,
-                "model": record.model,
-                "response": record.response,
-            }
-        )
+        if record.log_row:
+            log_rows.append(
+                {
+                    "tool_name": record.tool_name,
+                    "tenant_id": record.tenant_id,
+                    "user_id": record.user_id,
+                    "conversation_id": record.conversation_id,
+                    "tool_use_id": record.tool_use_id,
+                    "args_hash": record.args_hash,
+                    "input_data": record.input_data,
+                    "output_summary": record.output_summary,
+                    "success": record.success,
+                    "error": record.error,
+                    "execution_ms": record.execution_ms,
+                    "trace_id": record.trace_id,
+                    "created_at": now,
+                    "model": record.model,
+                    "response": record.response,
+                }
+            )
         for event in record.events:
             event_rows.append(
                 _event_row(insert_blob, record.tenant_id, record.conversation_id, event, now)
             )
-    prepared.get(_INSERT_LOG, _LOG_KEYS).execute_many(cursor, log_rows)
+    if log_rows:
+        prepared.get(_INSERT_LOG, _LOG_KEYS).execute_many(cursor, log_rows)
     if event_rows:
         prepared.get(_INSERT_EVENTS, _EVENT_KEYS).execute_many(cursor, event_rows)
     # One executemany per statement (and, for an insert, per set of columns), the rows in one

@@ -645,6 +645,13 @@ def test_a_retried_call_is_answered_with_its_first_response_not_run_again(mesh: 
         dpb.ListExecutionLogRequest(conversation_id=conversation)
     ).entries
     assert [e.tool_use_id for e in log] == ["toolu_retry_1"]
+    events = mesh.dispatcher.ListConversationEvents(
+        dpb.ListConversationEventsRequest(tenant_id="tenant-a", conversation_id=conversation)
+    ).events
+    replays = [json.loads(e.data_json) for e in events if e.event_type == "replayed"]
+    assert len(replays) == 4
+    assert {r["tool_use_id"] for r in replays} == {"toolu_retry_1"}
+    assert {r["envelope"] for r in replays} == {"ok"}
     # The same id with other input is another call: it runs (and is answered once too).
     other = mesh.call(
         "ping", '{"echo": "twice"}', conversation=conversation, tool_use_id="toolu_retry_1"

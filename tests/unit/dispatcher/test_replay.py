@@ -57,6 +57,19 @@ class Mesh:
         self.made.append((core, log))
         return core, registry
 
+    def events(self, tool_use_id: str) -> list[str]:
+        with self.engine.connect() as conn:
+            return [
+                str(kind)
+                for (kind,) in conn.execute(
+                    text(
+                        "SELECT event_type FROM conversation_events WHERE tool_use_id = :u "
+                        "ORDER BY id"
+                    ),
+                    {"u": tool_use_id},
+                )
+            ]
+
     def log_rows(self, tool_use_id: str) -> int:
         with self.engine.connect() as conn:
             return int(
@@ -98,6 +111,16 @@ async def test_a_retry_gets_the_first_response_and_the_tool_runs_once(mesh: Mesh
     # Its reasoning is narration, not input: a retry that words it anew is the same call.
     worded = await core.dispatch(use("toolu_a", echo="hello", reasoning="once more"), CTX)
     assert worded.replayed and runs(registry, "toolu_a") == 1
+    # Each retry leaves a `replayed` event after the call's own (and no log row).
+    assert mesh.events("toolu_a") == [
+        "tool_call",
+        "decision",
+        "tool_result",
+        "outcome",
+        "replayed",
+        "replayed",
+    ]
+    assert mesh.log_rows("toolu_a") == 1
 
 
 async def test_another_replica_answers_a_retry_from_the_log(mesh: Mesh) -> None:
@@ -120,6 +143,7 @@ async def test_a_retry_while_the_call_runs_waits_for_its_answer(mesh: Mesh) -> N
     answered = await first
     single, (in_batch,) = await asyncio.gather(*retries)
     assert runs(registry, "toolu_c") == 1 and mesh.log_rows("toolu_c") == 1
+    assert mesh.events("toolu_c").count("replayed") == 2
     assert single.replayed and in_batch.replayed and not answered.replayed
     assert single.result == answered.result == in_batch.result
 
