@@ -188,6 +188,10 @@ class _Answering:
     args_hash: str
     outcome: asyncio.Future[DispatchOutcome]
 
+    def serves(self, tool_name: str, hashed: str) -> bool:
+        """Whether a call of `tool_name` with input `hashed` is this one (a retry of it)."""
+        return (self.tool_name, self.args_hash) == (tool_name, hashed)
+
 
 def finalize_turn(outcomes: Sequence[DispatchOutcome]) -> None:
     """Cards at the end of a response (one assistant turn): a singleton card type kept once,
@@ -233,16 +237,19 @@ def _rpc_error_result(
     }
 
 
-def _replayed(outcome: DispatchOutcome) -> DispatchOutcome:
-    """A retry answered with an earlier call's response: said on the span and in the log."""
-    trace.get_current_span().set_attributes(
-        {"toolmesh.replayed": True, "gen_ai.tool.call.id": outcome.tool_use_id}
+def _context_record(context: pb.CallContext, fx: CallEffects, **fields: Any) -> CallRecord:
+    """The record of a call that ran no tool (refused before it ran, or a retry answered from
+    the log), its ids from `context` and its events from `fx`."""
+    return CallRecord(
+        tenant_id=context.tenant_id,
+        user_id=context.user_id,
+        conversation_id=context.conversation_id,
+        execution_ms=0.0,
+        trace_id=current_trace_id(),
+        events=list(fx.events),
+        model=context.model,
+        **fields,
     )
-    logger.info(
-        "tool_use %s answered with its earlier response (a retry): the tool did not run again",
-        outcome.tool_use_id,
-    )
-    return outcome
 
 
 def _within(created_at: datetime | None, now_s: float, window_s: float) -> bool:
@@ -555,11 +562,11 @@ class Dispatcher:
         the answer to this retry of it; None when no such call runs, or the one that ran was
         not answered (an RPC error, cancelled): then this call runs."""
         while (running := self._answering.get(key)) is not None:
-            if (running.tool_name, running.args_hash) != (tool_name, hashed):
+            if not running.serves(tool_name, hashed):
                 return None  # another call under a reused id: it runs on its own
             await asyncio.wait({running.outcome})
             if not running.outcome.cancelled():
-                return _replayed(running.outcome.result().replay())
+                return running.outcome.result().replay()
         return None
 
     def _begin_answering(self, key: AnswerKey, tool_name: str, hashed: str) -> _Answering | None:
@@ -587,8 +594,15 @@ class Dispatcher:
     async def _record_replay(
         self, context: pb.CallContext, tool_use: pb.ToolUse, outcome: DispatchOutcome
     ) -> DispatchOutcome:
-        """Keep a `replayed` event in the conversation's events (no log row: no tool ran), so
-        a retry answered from the log shows there. Best effort: the answer goes out anyway."""
+        """A retry answered with an earlier call's response: said on the span, in the service
+        log and by a `replayed` event in the conversation's events (no log row: no tool ran)."""
+        trace.get_current_span().set_attributes(
+            {"toolmesh.replayed": True, "gen_ai.tool.call.id": outcome.tool_use_id}
+        )
+        logger.info(
+            "tool_use %s answered with its earlier response (a retry): the tool did not run again",
+            outcome.tool_use_id,
+        )
         fx = CallEffects()
         fx.event(
             "replayed",
@@ -602,28 +616,27 @@ class Dispatcher:
             },
             outcome.tool_use_id,
         )
-        record = CallRecord(
+        record = _context_record(
+            context,
+            fx,
             tool_name=tool_use.name,
-            tenant_id=context.tenant_id,
-            user_id=context.user_id,
-            conversation_id=context.conversation_id,
             tool_use_id=outcome.tool_use_id,
             args_hash=outcome.args_hash,
             input_data=None,
             output_summary="",
             success=True,
             error=None,
-            execution_ms=0.0,
-            trace_id=current_trace_id(),
-            events=list(fx.events),
-            model=context.model,
             log_row=False,
         )
+        await self._write_best_effort(record, f"the replay of {outcome.tool_use_id}")
+        return outcome
+
+    async def _write_best_effort(self, record: CallRecord, what: str) -> None:
+        """Log a record whose caller gets its answer whatever becomes of the write."""
         try:
             await self._log.write(record)
         except ToolmeshError as exc:
-            logger.warning("the replay of %s could not be logged: %s", tool_use.id, exc.message)
-        return outcome
+            logger.warning("%s could not be logged: %s", what, exc.message)
 
     async def _dispatch_parsed(
         self,
@@ -638,18 +651,23 @@ class Dispatcher:
         """Dispatch one call whose input was taken; a retry of a call answered before (on
         any replica, within the replay window) or running on this replica gets its response."""
         key = self._answer_key(context, tool_use)
+        hashes = call_hashes(tool_use.name, inputs)
         answering: _Answering | None = None
         if key is not None:
-            hashed = call_hashes(tool_use.name, inputs)[0]
-            earlier = await self._running_answer(key, tool_use.name, hashed)
+            earlier = await self._running_answer(key, tool_use.name, hashes[0])
             if earlier is not None:
                 return await self._record_replay(context, tool_use, earlier)
-            answering = self._begin_answering(key, tool_use.name, hashed)
+            answering = self._begin_answering(key, tool_use.name, hashes[0])
         outcome: DispatchOutcome | None = None
         try:
             approaches: dict[tuple[str, str], FailedApproach] = {}
             (planned,) = await self._plan(
-                context, [(tool_use, inputs)], approaches, display, [answering is not None]
+                context,
+                [(tool_use, inputs)],
+                [hashes],
+                approaches,
+                display,
+                [answering is not None],
             )
             if isinstance(planned, DispatchOutcome):
                 outcome = await self._record_replay(context, tool_use, planned)
@@ -705,21 +723,18 @@ class Dispatcher:
             return []
         # Calls the client named: a retry of one running on this replica waits for it (its
         # slot follows it); the others are marked as being answered.
-        follow: dict[int, tuple[AnswerKey, str]] = {}
+        hashes = [call_hashes(tu.name, inputs) for tu, inputs in valid]
+        follow: dict[int, AnswerKey] = {}
         answering: dict[int, tuple[AnswerKey, _Answering]] = {}
         to_plan: list[int] = []
-        for j, (tu, inputs) in enumerate(valid):
+        for j, (tu, _) in enumerate(valid):
             key = self._answer_key(context, tu)
             if key is not None:
-                hashed = call_hashes(tu.name, inputs)[0]
                 running = self._answering.get(key)
-                if running is not None and (running.tool_name, running.args_hash) == (
-                    tu.name,
-                    hashed,
-                ):
-                    follow[j] = (key, hashed)
+                if running is not None and running.serves(tu.name, hashes[j][0]):
+                    follow[j] = key
                     continue
-                held = self._begin_answering(key, tu.name, hashed)
+                held = self._begin_answering(key, tu.name, hashes[j][0])
                 if held is not None:
                     answering[j] = (key, held)
             to_plan.append(j)
@@ -729,6 +744,7 @@ class Dispatcher:
                 await self._plan(
                     context,
                     [valid[j] for j in to_plan],
+                    [hashes[j] for j in to_plan],
                     approaches,
                     replayable=[j in answering for j in to_plan],
                 )
@@ -766,8 +782,8 @@ class Dispatcher:
                     self._end_answering(*answering[j], outcome)
 
         async def after(j: int) -> DispatchOutcome:
-            (key, hashed), (tu, inputs) = follow[j], valid[j]
-            outcome = await self._running_answer(key, tu.name, hashed)
+            (tu, inputs), hashed = valid[j], hashes[j][0]
+            outcome = await self._running_answer(follow[j], tu.name, hashed)
             if outcome is not None:
                 return await self._record_replay(context, tu, outcome)
             try:  # the call it waited for was not answered: it runs itself
@@ -809,26 +825,18 @@ class Dispatcher:
         fx.event("tool_result", _rpc_error_result(name, tool_use_id, error, 0.0), tool_use_id)
         outcome = _outcome(name, tool_use_id, "rejected", 0.0, 0, [], _kind_of_error(error))
         fx.event("outcome", outcome, tool_use_id)
-        record = CallRecord(
+        record = _context_record(
+            context,
+            fx,
             tool_name=name,
-            tenant_id=context.tenant_id,
-            user_id=context.user_id,
-            conversation_id=context.conversation_id,
             tool_use_id=tool_use_id,
             args_hash="",
             input_data=raw,
             output_summary=summarize(err_text),
             success=False,
             error=err_text,
-            execution_ms=0.0,
-            trace_id=current_trace_id(),
-            events=list(fx.events),
-            model=context.model,
         )
-        try:
-            await self._log.write(record)
-        except ToolmeshError as exc:
-            logger.warning("a rejected call of %r could not be logged: %s", name, exc)
+        await self._write_best_effort(record, f"a rejected call of {name!r}")
         return tool_use_id
 
     # --- guardrails (before execution) ------------------------------------------------------
@@ -837,16 +845,16 @@ class Dispatcher:
         self,
         context: pb.CallContext,
         items: Sequence[tuple[pb.ToolUse, dict[str, Any]]],
+        hashes: Sequence[tuple[str, str]],
         approaches: dict[tuple[str, str], FailedApproach],
         display: DisplayHandle | None = None,
         replayable: Sequence[bool] = (),
     ) -> list[_Plan | DispatchOutcome]:
-        """The calls' plans in input order; a call answered before (`replayable` marks the
-        calls the client named, see _answer_key) gets that answer in its place instead, and
-        the guardrails do not count it."""
+        """The calls' plans in input order (`hashes`: each one's call_hashes); a call answered
+        before (`replayable` marks the calls the client named, see _answer_key) gets that
+        answer in its place instead, and the guardrails do not count it."""
         tenant, conversation, user = context.tenant_id, context.conversation_id, context.user_id
         rules = await self._rules.for_tenant(tenant)
-        hashes = [call_hashes(tu.name, inputs) for tu, inputs in items]
         identities = [identity for _, identity in hashes]
         replayable = list(replayable) or [False] * len(items)
         answers = [
@@ -997,7 +1005,7 @@ class Dispatcher:
             if stored is None or not _within(stored.created_at, now, self._replay_window_s):
                 continue
             try:
-                replays[i] = _replayed(DispatchOutcome.from_stored(stored.response))
+                replays[i] = DispatchOutcome.from_stored(stored.response)
             except DecodeError:
                 logger.warning(
                     "the logged response of tool_use %s (row %d) cannot be read: the call runs",

@@ -25,6 +25,7 @@ import logging
 import lzma
 import os
 import re
+import selectors
 import stat
 import sys
 import threading
@@ -113,7 +114,6 @@ OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 # SQLite databases: one table of one loaded (`table`), read through the file already opened.
 SQLITE_SUFFIXES = frozenset({".sqlite", ".sqlite3", ".db", ".db3"})
 SQLITE_MAGIC = b"SQLite format 3\x00"
-SQLITE_FETCH_ROWS = 5000
 JSON_SUFFIXES = frozenset({".json", ".jsonl", ".ndjson"})
 # The compressions DuckDB's JSON reader decompresses (a path in /proc has no extension to say).
 JSON_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
@@ -3304,6 +3304,9 @@ class _SheetReader:
             pass_fds=(fd,),
             close_fds=True,
         )
+        assert self._child.stdout is not None
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._child.stdout, selectors.EVENT_READ)
         self._buffered = b""
         self._asked: int | None = None
         self._merged: list[tuple[int, int, int, int]] = []
@@ -3327,6 +3330,7 @@ class _SheetReader:
         self.close()
 
     def close(self) -> None:
+        self._selector.close()
         if self._child.poll() is None:
             self._child.kill()
         self._child.wait()
@@ -3365,15 +3369,11 @@ class _SheetReader:
 
     def _next(self) -> Any:
         """The child's next message; its failures raised as what they mean."""
-        import selectors
-
         assert self._child.stdout is not None
         while b"\n" not in self._buffered:
             raise_if_cancelled()
-            with selectors.DefaultSelector() as selector:
-                selector.register(self._child.stdout, selectors.EVENT_READ)
-                if not selector.select(timeout=0.2):
-                    continue
+            if not self._selector.select(timeout=0.2):
+                continue
             chunk = os.read(self._child.stdout.fileno(), 1 << 20)
             if not chunk:
                 self._failed({})
@@ -3778,7 +3778,6 @@ def _read_sqlite(
         header = [str(d[0]) for d in cursor.description]
         columns: list[list[Any]] = [[] for _ in header]
         size = 0
-        cursor.arraysize = SQLITE_FETCH_ROWS
         for row in cursor:  # one row at a time: the limit holds within a batch too
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
