@@ -14,6 +14,7 @@ import grpc
 
 from shared.cli import EXIT_RPC_ERROR
 from shared.config import Settings
+from shared.contract.table import fit
 from shared.rpc_errors import from_rpc_error
 from shared.telemetry import semconv
 
@@ -77,7 +78,11 @@ def rpc_failure(exc: grpc.RpcError, service: str, address: str) -> int:
     return EXIT_RPC_ERROR
 
 
-def _width() -> int:
+def _width() -> int | None:
+    """The terminal's width in columns when output goes to one; None when it goes to a pipe or
+    a file, which get every line whole (a listing piped to grep or saved must not lose text)."""
+    if not sys.stdout.isatty():
+        return None
     return shutil.get_terminal_size((120, 20)).columns
 
 
@@ -108,12 +113,14 @@ def print_tools(tools: Sequence[dict[str, Any]], *, as_json: bool) -> None:
         return
     names = [terminal_text(t["name"]) for t in tools]  # escaped before the columns are sized
     name_w = max((len(name) for name in names), default=4)
+    width = _width()
     for name, t in zip(names, tools, strict=True):
         extra = f"[{t['type']}/{t['status']}/{t['category']}] " if "type" in t else ""
         extra += _declared(t.get("annotations") or {}, t.get("required_capabilities") or [])
         desc = terminal_text(extra + t["description"]).replace("\n", " ")
-        room = max(20, _width() - name_w - 3)
-        echo(f"{name:<{name_w}}  {desc[:room]}")
+        if width is not None:  # cut to the terminal by display width (wide characters count 2)
+            desc = fit(desc, max(20, width - name_w - 3))
+        echo(f"{name:<{name_w}}  {desc}")
     echo(f"({len(tools)} tools)")
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from shared.cli import render
 from shared.cli.render import json_text, terminal_text
+from shared.contract.table import display_width
 from shared.telemetry import semconv
 from tests.unit.cli.hostile_mesh import (
     HOSTILE,
@@ -196,3 +197,31 @@ def test_every_printer_of_the_cli_goes_through_render() -> None:
         and node.func.id == "print"
     ]
     assert not bare, bare
+
+
+LISTED = [
+    {"name": "short", "description": "x" * 300},
+    {"name": "wide_tool", "description": "表" * 200},
+]
+
+
+def test_a_piped_tool_listing_keeps_every_description_whole(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Output to a pipe or a file (grep, a saved listing) is never cut, whatever COLUMNS says."""
+    monkeypatch.setenv("COLUMNS", "40")
+    render.print_tools(LISTED, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("x" * 300) and lines[1].endswith("表" * 200)
+
+
+def test_a_tool_listing_on_a_terminal_fits_its_width_counting_wide_characters_as_two(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(render.sys.stdout, "isatty", lambda: True)
+    render.print_tools(LISTED, as_json=False)
+    lines = capsys.readouterr().out.splitlines()[:2]
+    for line in lines:
+        assert display_width(line) <= 80 and line.endswith("…"), line
+    assert display_width(lines[1]) >= 78  # filled, not cut at 80 characters of width 2
