@@ -60,12 +60,16 @@ buf: $(STAMP)
 
 check: gen-check lint typecheck buf
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
+# (its module-scoped meshes start once); each worker has its own PostgreSQL server and temp dirs.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) sandbox-deps check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The suite without the PostgreSQL leg, for a quick local loop.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not postgres" -x
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not postgres" -x
 
 up: $(STAMP) sandbox-deps gen
 	$(BIN)/toolmesh up
