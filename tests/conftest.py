@@ -8,6 +8,7 @@ fixtures ask for a fresh database. The migrations themselves are tested in tests
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,26 @@ from shared.db.engine import make_engine, session_factory, upgrade
 from tests.support.postgres import create_database, postgres_server
 
 TEMPLATE_DB = "tm_template"
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept() -> Iterator[None]:
+    """A test that changes os.environ and leaves it changed fails (and the environment is put
+    back): the change would reach every later test in the same process, and every service
+    they start, which tests run in parallel workers make order-dependent failures of."""
+    own = "PYTEST_CURRENT_TEST"  # pytest's own, set for each phase of a test
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = sorted(
+        k for k in before.keys() | after.keys() if k != own and before.get(k) != after.get(k)
+    )
+    if not changed:
+        return
+    before[own] = after.get(own, "")
+    os.environ.clear()
+    os.environ.update(before)
+    pytest.fail(f"the test left os.environ changed ({', '.join(changed)}): use monkeypatch.setenv")
 
 
 @pytest.fixture(scope="session")

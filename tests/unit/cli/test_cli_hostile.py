@@ -76,10 +76,14 @@ def dead_address() -> Iterator[str]:
     ],
 )
 def test_an_argument_that_is_not_utf8_is_named_and_exits_2(
-    argv: list[str], named: str, dead_address: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    named: str,
+    dead_address: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for service in ("REGISTRY", "DISPATCHER", "SANDBOX", "MCP_BRIDGE", "SURFACE"):
-        os.environ[f"TOOLMESH_{service}_ADDR"] = dead_address  # never reached
+        monkeypatch.setenv(f"TOOLMESH_{service}_ADDR", dead_address)  # never reached
     code, out, err = run(argv, capsys)
     assert code == 2
     assert out == ""
