@@ -62,14 +62,16 @@ check: gen-check lint typecheck buf
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
 # (its module-scoped meshes start once); each worker has its own PostgreSQL server and temp dirs.
+# Files go out in collection order, the long integration files first: xdist's default order (most
+# tests first) left the one-test, 45-second soak file to run alone at the end.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) sandbox-deps check
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The suite without the PostgreSQL leg, for a quick local loop.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not postgres" -x
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not postgres" -x
 
 up: $(STAMP) sandbox-deps gen
 	$(BIN)/toolmesh up
