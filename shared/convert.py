@@ -172,11 +172,29 @@ class _NotJson(ValueError):
     """Raised from the decoder's hooks: the text parses but is not acceptable JSON."""
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are unique (I-JSON, RFC 7493): with a key twice, which value is
+    meant depends on the parser (Python's keeps the last, others the first or refuse), so the
+    policy checks, the tool and whoever reads the logged input could each see another value."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _NotJson(
+                    f"the key {clip(key, 80)!r} appears twice in one object (which is meant?)"
+                )
+            seen.add(key)
+    return obj
+
+
 # Deeper inputs are refused: past a few hundred levels, schema validation and rendering run out
 # of Python's recursion limit (a 500-level input was an INTERNAL error in the registry); no
 # tool's input needs more than a handful.
 MAX_JSON_DEPTH = 100
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
+)
 # A JSON string escape of a UTF-16 surrogate: only these can decode to an unpaired surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -185,8 +203,9 @@ def parse_json_object(text: str, field: str) -> dict[str, Any]:
     """Decode JSON text that must be an object; INVALID_ARGUMENT naming the field otherwise.
     An empty string is an empty object. Also refused, as what no other service, database or
     client could take back: NaN and Infinity (not JSON), numbers beyond a double's range or
-    Python's 4300-digit integer limit, nesting deeper than MAX_JSON_DEPTH, and escapes of
-    unpaired UTF-16 surrogates (not Unicode text: no UTF-8 encoder takes them)."""
+    Python's 4300-digit integer limit, nesting deeper than MAX_JSON_DEPTH, a key twice in one
+    object, and escapes of unpaired UTF-16 surrogates (not Unicode text: no UTF-8 encoder takes
+    them)."""
     if text.strip() == "":
         return {}
     try:

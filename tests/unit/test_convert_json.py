@@ -35,6 +35,9 @@ from toolmesh.type.v1 import types_pb2 as pb
         ('{"a": "x\\ud800y"}', "unpaired UTF-16 surrogate ('\\ud800')"),
         ('{"\\uDFFF": 1}', "unpaired UTF-16 surrogate ('\\udfff')"),
         ('{"a": {"b": ["\\ude00\\ud83d"]}}', "unpaired UTF-16 surrogate"),
+        ('{"echo": 1, "echo": 2}', "the key 'echo' appears twice in one object"),
+        ('{"a": [{"x": 1, "y": 2, "x": 1}]}', "the key 'x' appears twice"),
+        ('{"\\u0061": 1, "a": 2}', "the key 'a' appears twice"),  # the same key, escaped
     ],
 )
 def test_unacceptable_json_is_invalid_argument_saying_why(text: str, detail: str) -> None:
@@ -56,6 +59,7 @@ def test_unacceptable_json_is_invalid_argument_saying_why(text: str, detail: str
         ('{"a": ' + "[" * 99 + "]" * 99 + "}", None),
         ('{"a": "' + "[{" * 500 + '"}', None),  # brackets inside a string are not nesting
         ("{" + ", ".join(f'"k{i}": [[1]]' for i in range(200)) + "}", None),
+        ('{"a": {"k": 1}, "b": {"k": 2}, "A": 3}', None),  # the same key in two objects; case
         ("  ", {}),
     ],
 )
