@@ -57,6 +57,94 @@ SDK_LOG_KINDS = 256
 _SDK_NOISY_LOGGERS = ("mcp.client.stdio", "mcp.client.streamable_http", "client")
 # The instrumentation scope of the SDK's tracer (mcp.shared._otel).
 SDK_TRACER_SCOPE = "mcp-python-sdk"
+# The longest message (one line) a stdio server may send: a longer one ends the session (the
+# bridge restarts the server) instead of being held in memory while it grows (WholeLines).
+MAX_STDIO_MESSAGE_BYTES = 128 << 20
+
+
+class WholeLines:
+    """A stdio server's stdout handed to the SDK's reader in whole lines (anyio's
+    ByteReceiveStream protocol, wrapped around the process's).
+
+    The SDK's reader joins each chunk it receives (64 KB at most) to the unfinished line before
+    it and splits the result again, so a message of n bytes costs O(n²/64 KB) of copying on the
+    bridge's event loop — 15 s of CPU for one 40 MB result, 60 s for 80 MB — and a server that
+    writes without a newline grows that line for as long as it writes. Here a chunk without a
+    newline is only kept aside; what is handed on ends at a newline (or at the end of the
+    stream), so the SDK's unfinished line stays empty and reading is linear. A line past
+    `max_bytes` ends the stream, as if the server had closed it: the session ends and the
+    bridge's restart policy takes over."""
+
+    def __init__(self, inner: Any, max_bytes: int, command: str) -> None:
+        self._inner = inner
+        self._max = max_bytes
+        self._command = command
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._ended = False
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        import anyio
+
+        while not self._ended:
+            try:
+                data = await self._inner.receive()
+            except anyio.EndOfStream:
+                self._ended = True
+                break
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                self._held.append(data)
+                self._held_bytes += len(data)
+                if self._held_bytes > self._max:
+                    logger.warning(
+                        "MCP server %s sent a message over %d MiB on stdout (the most the "
+                        "bridge reads); ending its session",
+                        self._command,
+                        self._max >> 20,
+                    )
+                    self._held.clear()
+                    self._ended = True
+                continue
+            lines = b"".join([*self._held, data[:end]]) if self._held else data[:end]
+            self._held = [data[end:]] if end < len(data) else []
+            self._held_bytes = len(data) - end
+            return lines
+        if self._held:  # the last line, without its newline
+            rest = b"".join(self._held)
+            self._held.clear()
+            return rest
+        raise anyio.EndOfStream
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # extra attributes of the wrapped stream
+        return getattr(self._inner, name)
+
+
+_stdio_bounded = False
+
+
+def _bound_stdio_reads(stdio: Any) -> None:
+    """Have the SDK's stdio transport (module `stdio`) read each server's stdout through
+    WholeLines: the process it spawns gets its stdout stream wrapped. The SDK offers no hook
+    for this, so its spawning function is wrapped; where that function or anyio's process
+    layout is not what this expects, reads stay the SDK's own."""
+    global _stdio_bounded
+    spawn = getattr(stdio, "_create_platform_compatible_process", None)
+    if _stdio_bounded or spawn is None:
+        return
+
+    async def spawn_bounded(command: str, *args: Any, **kwargs: Any) -> Any:
+        process = await spawn(command, *args, **kwargs)
+        stdout = getattr(process, "_stdout", None)
+        if stdout is not None and getattr(process, "stdout", None) is stdout:
+            process._stdout = WholeLines(stdout, MAX_STDIO_MESSAGE_BYTES, command)
+        return process
+
+    stdio._create_platform_compatible_process = spawn_bounded
+    _stdio_bounded = True
 
 
 def require_sdk() -> Any:
@@ -293,8 +381,10 @@ async def open_client(
                 reason="MCP_COMMAND_NOT_FOUND",
                 metadata={"connection": config.name, "command": config.command},
             )
+        import mcp.client.stdio
         from mcp.client.stdio import stdio_client
 
+        _bound_stdio_reads(mcp.client.stdio)
         params = mcp.StdioServerParameters(
             command=config.command,
             args=list(config.args),

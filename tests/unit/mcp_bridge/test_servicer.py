@@ -6,6 +6,7 @@ on the MCP session, and progress notifications recorded on the MCP span either w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,10 +17,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.mcp_bridge import core
+from services.mcp_bridge import core, sdk
 from services.mcp_bridge.model import ServerConfig
 from services.mcp_bridge.servicer import McpBridgeServicer
-from shared.errors import InvalidArgument, NotFound
+from shared.errors import InvalidArgument, NotFound, Unavailable
 from tests.unit.mcp_bridge.conftest import BridgeFactory, raw_config
 from tests.unit.mcp_bridge.test_core import wait_until
 from toolmesh.mcp_bridge.v1 import mcp_bridge_pb2 as mpb
@@ -182,3 +183,83 @@ async def test_a_result_too_large_to_send_on_is_an_err_and_the_connection_keeps_
     assert fits.result.envelope.WhichOneof("kind") == "ok"
     echo = await unary(servicer, connection="raw", tool="echo", arguments_json='{"message": "x"}')
     assert json.loads(echo.result.envelope.ok.data_json) == "Echo: x"
+
+
+async def test_a_message_over_the_stdio_limit_ends_the_session_and_the_server_serves_again(
+    make_bridge: BridgeFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server's stdout line longer than MAX_STDIO_MESSAGE_BYTES is not held in memory while it
+    grows: the call fails at once, the log says why, and the restarted server serves."""
+    monkeypatch.setattr(sdk, "MAX_STDIO_MESSAGE_BYTES", 2 << 20)
+    bridge = make_bridge()
+    await bridge.connect(raw_config("raw"))
+    servicer = McpBridgeServicer(bridge)
+    with pytest.raises(Unavailable) as caught:
+        await asyncio.wait_for(
+            unary(servicer, connection="raw", tool="huge", arguments_json='{"mb": 3}'), 30
+        )
+    assert caught.value.reason == "MCP_SERVER_UNAVAILABLE"
+    assert "went away during the call to 'huge'" in caught.value.message
+    assert "sent a message over 2 MiB on stdout" in caplog.text
+
+    for _ in range(600):  # until the restarted server is up
+        try:
+            echo = await unary(servicer, connection="raw", tool="echo", arguments_json="{}")
+            break
+        except Unavailable:
+            await asyncio.sleep(0.05)
+    assert echo.result.envelope.WhichOneof("kind") == "ok"
+    fits = await unary(servicer, connection="raw", tool="huge", arguments_json='{"mb": 1}')
+    assert fits.result.envelope.WhichOneof("kind") == "ok"
+
+
+class Chunks:
+    """A byte stream handing out the given chunks, then the end of the stream."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    async def receive(self) -> bytes:
+        import anyio
+
+        if not self.chunks:
+            raise anyio.EndOfStream
+        return self.chunks.pop(0)
+
+    async def aclose(self) -> None:
+        self.chunks.clear()
+
+
+async def read_all(stream: sdk.WholeLines) -> list[bytes]:
+    import anyio
+
+    got = []
+    with contextlib.suppress(anyio.EndOfStream):
+        while True:
+            got.append(await stream.receive())
+    return got
+
+
+async def test_stdout_reaches_the_sdk_in_whole_lines_so_reading_a_long_message_is_linear() -> None:
+    chunks = [
+        b'{"a": 1}\n{"b"',
+        b": " + b"x" * 70_000,
+        b"y" * 70_000,
+        b'"}\n{"c": 3}\n{"d"',
+        b": 4}",
+    ]
+    got = await read_all(sdk.WholeLines(Chunks(chunks), 1 << 20, "srv"))
+    assert b"".join(got) == b"".join(chunks)
+    assert got[:-1] == [
+        b'{"a": 1}\n',
+        b'{"b": ' + b"x" * 70_000 + b"y" * 70_000 + b'"}\n{"c": 3}\n',
+    ]
+    assert got[-1] == b'{"d": 4}'  # the last line, unfinished when the stream ended
+    assert all(g.endswith(b"\n") for g in got[:-1])
+
+
+async def test_a_line_over_the_limit_ends_the_stream_without_holding_it() -> None:
+    chunks = [b'{"a": 1}\n', *[b"z" * 65_536] * 40, b"never read\n"]
+    stream = sdk.WholeLines(Chunks(chunks), 1 << 20, "srv")
+    assert await read_all(stream) == [b'{"a": 1}\n']
+    assert stream._held_bytes <= (1 << 20) + 65_536 and not stream._held
