@@ -59,7 +59,7 @@ _SDK_NOISY_LOGGERS = ("mcp.client.stdio", "mcp.client.streamable_http", "client"
 SDK_TRACER_SCOPE = "mcp-python-sdk"
 # The longest message (one line) a stdio server may send: a longer one ends the session (the
 # bridge restarts the server) instead of being held in memory while it grows (WholeLines).
-MAX_STDIO_MESSAGE_BYTES = 128 << 20
+MAX_MESSAGE_BYTES = 128 << 20
 
 
 class WholeLines:
@@ -140,7 +140,7 @@ def _bound_stdio_reads(stdio: Any) -> None:
         process = await spawn(command, *args, **kwargs)
         stdout = getattr(process, "_stdout", None)
         if stdout is not None and getattr(process, "stdout", None) is stdout:
-            process._stdout = WholeLines(stdout, MAX_STDIO_MESSAGE_BYTES, command)
+            process._stdout = WholeLines(stdout, MAX_MESSAGE_BYTES, command)
         return process
 
     stdio._create_platform_compatible_process = spawn_bounded

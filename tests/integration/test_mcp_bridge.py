@@ -551,6 +551,9 @@ def test_streamable_http_carries_w3c_trace_headers_and_no_baggage(
     spans = trace_of(mcp_mesh, "mcp-4h", "probe")
     mcp_span = next(s for s in spans if s.name == "tools/call probe")
     assert mcp_span.attributes["network.transport"] == "tcp"
+    # A result over 1 MiB (the MCP SDK's default limit of one SSE event) comes through.
+    sized = dispatch(mcp_mesh, "mcp_probe_sized", {"kb": 1536}, conversation="mcp-4h")
+    assert json.loads(sized.result.envelope.ok.data_json) == {"result": "z" * (1536 << 10)}
 
 
 def test_a_failing_tool_is_an_err_result_not_an_rpc_error(mcp_mesh: Mesh) -> None:

@@ -1,6 +1,7 @@
 """An MCP server over streamable HTTP (the SDK's MCPServer) whose `probe` tool answers with the
 HTTP headers and the `_meta` its request arrived with, so tests can check the W3C trace headers
-and that baggage never leaves the mesh. Run: python -m tests.mcp_servers.http_probe_server PORT"""
+and that baggage never leaves the mesh, and whose `sized` tool answers with `kb` KiB of text.
+Run: python -m tests.mcp_servers.http_probe_server PORT"""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ def probe(ctx: Context) -> str:
     meta_dict = dict(meta) if meta else {}
     headers = {k.lower(): v for k, v in (ctx.headers or {}).items()}
     return json.dumps({"headers": headers, "meta": meta_dict}, default=str)
+
+
+@server.tool()
+def sized(kb: int) -> str:
+    """`kb` KiB of text."""
+    return "z" * (kb * 1024)
 
 
 if __name__ == "__main__":

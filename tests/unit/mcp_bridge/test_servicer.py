@@ -188,9 +188,9 @@ async def test_a_result_too_large_to_send_on_is_an_err_and_the_connection_keeps_
 async def test_a_message_over_the_stdio_limit_ends_the_session_and_the_server_serves_again(
     make_bridge: BridgeFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server's stdout line longer than MAX_STDIO_MESSAGE_BYTES is not held in memory while it
+    """A server's stdout line longer than MAX_MESSAGE_BYTES is not held in memory while it
     grows: the call fails at once, the log says why, and the restarted server serves."""
-    monkeypatch.setattr(sdk, "MAX_STDIO_MESSAGE_BYTES", 2 << 20)
+    monkeypatch.setattr(sdk, "MAX_MESSAGE_BYTES", 2 << 20)
     bridge = make_bridge()
     await bridge.connect(raw_config("raw"))
     servicer = McpBridgeServicer(bridge)
