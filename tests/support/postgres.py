@@ -442,9 +442,13 @@ class PostgresServer:
         nothing answers."""
         stopped: list[int] = []
         try:
-            for pid in _server_pids(self.data_dir):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
+            # Scanned again until a scan finds no process it has not stopped: a backend the
+            # postmaster forked during a scan (a pool opening a connection) would otherwise run
+            # on and answer on its connection.
+            while fresh := [p for p in _server_pids(self.data_dir) if p not in stopped]:
+                for pid in fresh:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
                     stopped.append(pid)
             yield
         finally:
