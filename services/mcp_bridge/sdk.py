@@ -68,8 +68,9 @@ class WholeLines:
 
     The SDK's reader joins each chunk it receives (64 KB at most) to the unfinished line before
     it and splits the result again, so a message of n bytes costs O(n²/64 KB) of copying on the
-    bridge's event loop — 15 s of CPU for one 40 MB result, 60 s for 80 MB — and a server that
-    writes without a newline grows that line for as long as it writes. Here a chunk without a
+    bridge's event loop (measured: one 5 / 20 / 40 MB result 0.4 / 4.7 / 16.8 s; through this,
+    0.09 / 0.37 / 0.7 s), and a server that writes without a newline grows that line for as
+    long as it writes. Here a chunk without a
     newline is only kept aside; what is handed on ends at a newline (or at the end of the
     stream), so the SDK's unfinished line stays empty and reading is linear. A line past
     `max_bytes` ends the stream, as if the server had closed it: the session ends and the
