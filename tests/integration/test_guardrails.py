@@ -424,7 +424,7 @@ def test_twenty_slow_calls_in_a_batch_take_about_as_long_as_the_slowest(mesh: Me
     assert [json.loads(r.result.envelope.ok.data_json)["echo"] for r in response.results] == list(
         range(20)
     )
-    assert elapsed < 1.5  # 20 x 500 ms serially would be 10 s
+    assert elapsed < 3  # 20 x 500 ms serially would be 10 s (headroom for a loaded machine)
 
 
 def test_a_batch_is_guarded_in_input_order(mesh: Mesh) -> None:
