@@ -105,6 +105,7 @@ class WholeLines:
                         self._max >> 20,
                     )
                     self._held.clear()
+                    self._held_bytes = 0
                     self._ended = True
                 continue
             lines = b"".join([*self._held, data[:end]]) if self._held else data[:end]
@@ -114,6 +115,7 @@ class WholeLines:
         if self._held:  # the last line, without its newline
             rest = b"".join(self._held)
             self._held.clear()
+            self._held_bytes = 0
             return rest
         raise anyio.EndOfStream
 

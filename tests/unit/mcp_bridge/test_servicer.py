@@ -12,6 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -208,6 +209,8 @@ async def test_a_message_over_the_stdio_limit_ends_the_session_and_the_server_se
             break
         except Unavailable:
             await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the restarted server did not serve within 30 s")
     assert echo.result.envelope.WhichOneof("kind") == "ok"
     fits = await unary(servicer, connection="raw", tool="huge", arguments_json='{"mb": 1}')
     assert fits.result.envelope.WhichOneof("kind") == "ok"
@@ -220,8 +223,6 @@ class Chunks:
         self.chunks = list(chunks)
 
     async def receive(self) -> bytes:
-        import anyio
-
         if not self.chunks:
             raise anyio.EndOfStream
         return self.chunks.pop(0)
@@ -231,8 +232,6 @@ class Chunks:
 
 
 async def read_all(stream: sdk.WholeLines) -> list[bytes]:
-    import anyio
-
     got = []
     with contextlib.suppress(anyio.EndOfStream):
         while True:
